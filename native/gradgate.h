@@ -1,0 +1,63 @@
+/* pytest-gradgate shim: the stable C surface that Python binds with cffi.
+ *
+ * This file is read twice: by gradgate_shim.c (after the ggml headers) and by
+ * pytest_gradgate/binding.py as a cffi cdef. Keep it to plain declarations:
+ * no #include, no macros, no struct bodies. Python never sees a ggml struct layout;
+ * everything it needs from a tensor goes through the accessors below.
+ */
+
+/* Bumped whenever a declaration here changes; binding.py refuses a library built
+ * from another revision of this file instead of calling into the wrong signature. */
+int gg_abi_version(void);
+const char * gg_ggml_version(void);
+
+/* contexts and tensors (metadata only; data lives in a backend buffer) */
+struct ggml_context * gg_ctx_new(size_t n_tensors, size_t graph_size);
+void gg_ctx_free(struct ggml_context * ctx);
+struct ggml_tensor * gg_new_tensor(struct ggml_context * ctx, int is_i32, int n_dims, const int64_t * ne);
+void gg_tensor_layout(const struct ggml_tensor * t, int64_t * ne, size_t * nb);
+size_t gg_tensor_nbytes(const struct ggml_tensor * t);
+int gg_tensor_is_f32(const struct ggml_tensor * t);
+const char * gg_tensor_op_name(const struct ggml_tensor * t);
+
+/* graphs */
+struct ggml_cgraph * gg_graph_forward(struct ggml_context * ctx, struct ggml_tensor * loss, size_t graph_size);
+struct ggml_cgraph * gg_graph_backward(struct ggml_context * ctx, struct ggml_cgraph * gf, size_t graph_size);
+int gg_graph_n_nodes(struct ggml_cgraph * g);
+
+/* a session owns one backend and the buffer holding one context's tensors */
+struct gg_session;
+struct gg_session * gg_session_new(const char * backend, int n_threads, char * err, size_t err_len);
+void gg_session_free(struct gg_session * s);
+const char * gg_session_backend_name(struct gg_session * s);
+/* first tensor of ctx the backend cannot run, or NULL */
+struct ggml_tensor * gg_session_first_unsupported(struct gg_session * s, struct ggml_context * ctx);
+int gg_session_alloc(struct gg_session * s, struct ggml_context * ctx);
+int gg_session_compute(struct gg_session * s, struct ggml_cgraph * g);
+void gg_tensor_write(struct ggml_tensor * t, const void * data, size_t offset, size_t size);
+void gg_tensor_read(const struct ggml_tensor * t, void * data, size_t offset, size_t size);
+int gg_backend_count_gpu(void);
+
+/* The hot loops: perturb one parameter, run the forward graph, read the loss.
+ * Elements are visited in logical order (i0 fastest) through the tensor's strides.
+ *
+ * gg_numeric_grad: g_h[i] = (L(x+h) - L(x-h)) / 2h for every element; when g_half is
+ * not NULL also g_half[i] = (L(x+h/2) - L(x-h/2)) / h (the 4-point stencil's other half).
+ * Returns 0, or the ggml_status of the first failed compute. */
+int gg_numeric_grad(struct gg_session * s, struct ggml_cgraph * gf, struct ggml_tensor * param,
+                    struct ggml_tensor * loss, float h, double * g_h, double * g_half);
+
+/* The same for the elements listed in idx (logical indices), for locating an error
+ * found in fast mode without visiting every element. */
+int gg_numeric_grad_at(struct gg_session * s, struct ggml_cgraph * gf, struct ggml_tensor * param,
+                       struct ggml_tensor * loss, float h, const int64_t * idx, int64_t n_idx,
+                       double * g_h, double * g_half);
+
+/* gg_directional: for each of n_dirs directions u (n_dirs x nelements, row-major),
+ * d_h[k] = (L(x+h u) - L(x-h u)) / 2h and, when d_half is not NULL, the same at h/2. */
+int gg_directional(struct gg_session * s, struct ggml_cgraph * gf, struct ggml_tensor * param,
+                   struct ggml_tensor * loss, const float * dirs, int n_dirs, float h,
+                   double * d_h, double * d_half);
+
+/* the loss value after the last forward compute */
+double gg_read_scalar(struct ggml_tensor * t);

@@ -1,0 +1,247 @@
+// pytest-gradgate shim: see gradgate.h for why it exists.
+#include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gradgate.h"
+
+#define GG_ABI_VERSION 1
+
+int gg_abi_version(void) { return GG_ABI_VERSION; }
+
+const char * gg_ggml_version(void) { return ggml_version(); }
+
+struct ggml_context * gg_ctx_new(size_t n_tensors, size_t graph_size) {
+    struct ggml_init_params params = {
+        /* .mem_size   = */ ggml_tensor_overhead() * n_tensors + 2 * ggml_graph_overhead_custom(graph_size, true),
+        /* .mem_buffer = */ NULL,
+        /* .no_alloc   = */ true,
+    };
+    return ggml_init(params);
+}
+
+void gg_ctx_free(struct ggml_context * ctx) { ggml_free(ctx); }
+
+struct ggml_tensor * gg_new_tensor(struct ggml_context * ctx, int is_i32, int n_dims, const int64_t * ne) {
+    return ggml_new_tensor(ctx, is_i32 ? GGML_TYPE_I32 : GGML_TYPE_F32, n_dims, ne);
+}
+
+void gg_tensor_layout(const struct ggml_tensor * t, int64_t * ne, size_t * nb) {
+    for (int i = 0; i < GGML_MAX_DIMS; i++) {
+        ne[i] = t->ne[i];
+        nb[i] = t->nb[i];
+    }
+}
+
+size_t gg_tensor_nbytes(const struct ggml_tensor * t) { return ggml_nbytes(t); }
+
+int gg_tensor_is_f32(const struct ggml_tensor * t) { return t->type == GGML_TYPE_F32; }
+
+const char * gg_tensor_op_name(const struct ggml_tensor * t) { return ggml_op_desc(t); }
+
+struct ggml_cgraph * gg_graph_forward(struct ggml_context * ctx, struct ggml_tensor * loss, size_t graph_size) {
+    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, graph_size, true);
+    ggml_set_loss(loss);
+    ggml_build_forward_expand(gf, loss);
+    return gf;
+}
+
+struct ggml_cgraph * gg_graph_backward(struct ggml_context * ctx, struct ggml_cgraph * gf, size_t graph_size) {
+    struct ggml_cgraph * gb = ggml_new_graph_custom(ctx, graph_size, true);
+    ggml_graph_cpy(gf, gb);
+    ggml_build_backward_expand(ctx, gb, NULL);
+    return gb;
+}
+
+int gg_graph_n_nodes(struct ggml_cgraph * g) { return ggml_graph_n_nodes(g); }
+
+struct gg_session {
+    ggml_backend_t backend;
+    ggml_backend_buffer_t buffer;
+};
+
+int gg_backend_count_gpu(void) {
+    int n = 0;
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+        if (ggml_backend_dev_type(ggml_backend_dev_get(i)) == GGML_BACKEND_DEVICE_TYPE_GPU) {
+            n++;
+        }
+    }
+    return n;
+}
+
+struct gg_session * gg_session_new(const char * backend, int n_threads, char * err, size_t err_len) {
+    ggml_backend_t b = NULL;
+    if (strcmp(backend, "cpu") == 0) {
+        b = ggml_backend_cpu_init();
+        if (b) {
+            ggml_backend_cpu_set_n_threads(b, n_threads);
+        }
+    } else if (strcmp(backend, "cuda") == 0) {
+        b = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_GPU, NULL);
+    } else {
+        snprintf(err, err_len, "unknown backend '%s' (expected cpu or cuda)", backend);
+        return NULL;
+    }
+    if (!b) {
+        snprintf(err, err_len, "backend '%s' could not be initialised (%d GPU devices in this build)",
+                 backend, gg_backend_count_gpu());
+        return NULL;
+    }
+    struct gg_session * s = calloc(1, sizeof(*s));
+    s->backend = b;
+    return s;
+}
+
+void gg_session_free(struct gg_session * s) {
+    if (!s) {
+        return;
+    }
+    if (s->buffer) {
+        ggml_backend_buffer_free(s->buffer);
+    }
+    ggml_backend_free(s->backend);
+    free(s);
+}
+
+const char * gg_session_backend_name(struct gg_session * s) { return ggml_backend_name(s->backend); }
+
+struct ggml_tensor * gg_session_first_unsupported(struct gg_session * s, struct ggml_context * ctx) {
+    for (struct ggml_tensor * t = ggml_get_first_tensor(ctx); t; t = ggml_get_next_tensor(ctx, t)) {
+        if (t->op != GGML_OP_NONE && !ggml_backend_supports_op(s->backend, t)) {
+            return t;
+        }
+    }
+    return NULL;
+}
+
+int gg_session_alloc(struct gg_session * s, struct ggml_context * ctx) {
+    if (s->buffer) {
+        ggml_backend_buffer_free(s->buffer);
+    }
+    s->buffer = ggml_backend_alloc_ctx_tensors(ctx, s->backend);
+    return s->buffer != NULL;
+}
+
+int gg_session_compute(struct gg_session * s, struct ggml_cgraph * g) {
+    return (int) ggml_backend_graph_compute(s->backend, g);
+}
+
+void gg_tensor_write(struct ggml_tensor * t, const void * data, size_t offset, size_t size) {
+    ggml_backend_tensor_set(t, data, offset, size);
+}
+
+void gg_tensor_read(const struct ggml_tensor * t, void * data, size_t offset, size_t size) {
+    ggml_backend_tensor_get(t, data, offset, size);
+}
+
+double gg_read_scalar(struct ggml_tensor * t) {
+    float v = 0.0f;
+    ggml_backend_tensor_get(t, &v, 0, sizeof(v));
+    return v;
+}
+
+// byte offset of logical element i (i0 fastest) through the tensor's strides
+static size_t gg_offset(const struct ggml_tensor * t, int64_t i) {
+    const int64_t i0 = i % t->ne[0];
+    const int64_t i1 = (i / t->ne[0]) % t->ne[1];
+    const int64_t i2 = (i / (t->ne[0] * t->ne[1])) % t->ne[2];
+    const int64_t i3 = i / (t->ne[0] * t->ne[1] * t->ne[2]);
+    return i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+}
+
+static int gg_loss_at(struct gg_session * s, struct ggml_cgraph * gf, struct ggml_tensor * param,
+                      struct ggml_tensor * loss, size_t off, float v, double * out) {
+    ggml_backend_tensor_set(param, &v, off, sizeof(v));
+    const int st = (int) ggml_backend_graph_compute(s->backend, gf);
+    *out = gg_read_scalar(loss);
+    return st;
+}
+
+static int gg_numeric_one(struct gg_session * s, struct ggml_cgraph * gf, struct ggml_tensor * param,
+                          struct ggml_tensor * loss, float h, int64_t i, double * g_h, double * g_half) {
+    const size_t off = gg_offset(param, i);
+    float x0;
+    ggml_backend_tensor_get(param, &x0, off, sizeof(x0));
+    // the perturbed values are rounded to f32, exactly as test-backend-ops does
+    double fu = 0, fd = 0, fuh = 0, fdh = 0;
+    int st = gg_loss_at(s, gf, param, loss, off, x0 + h, &fu);
+    if (!st) st = gg_loss_at(s, gf, param, loss, off, x0 - h, &fd);
+    if (!st && g_half) st = gg_loss_at(s, gf, param, loss, off, x0 + 0.5f * h, &fuh);
+    if (!st && g_half) st = gg_loss_at(s, gf, param, loss, off, x0 - 0.5f * h, &fdh);
+    ggml_backend_tensor_set(param, &x0, off, sizeof(x0));
+    *g_h = (fu - fd) / (2.0 * (double) h);
+    if (g_half) *g_half = (fuh - fdh) / (double) h;
+    return st;
+}
+
+int gg_numeric_grad(struct gg_session * s, struct ggml_cgraph * gf, struct ggml_tensor * param,
+                    struct ggml_tensor * loss, float h, double * g_h, double * g_half) {
+    const int64_t n = ggml_nelements(param);
+    for (int64_t i = 0; i < n; i++) {
+        const int st = gg_numeric_one(s, gf, param, loss, h, i, &g_h[i], g_half ? &g_half[i] : NULL);
+        if (st) return st;
+    }
+    return 0;
+}
+
+int gg_numeric_grad_at(struct gg_session * s, struct ggml_cgraph * gf, struct ggml_tensor * param,
+                       struct ggml_tensor * loss, float h, const int64_t * idx, int64_t n_idx,
+                       double * g_h, double * g_half) {
+    for (int64_t k = 0; k < n_idx; k++) {
+        const int st = gg_numeric_one(s, gf, param, loss, h, idx[k], &g_h[k], g_half ? &g_half[k] : NULL);
+        if (st) return st;
+    }
+    return 0;
+}
+
+// write x0 + scale*u into param (through its strides)
+static void gg_write_shifted(struct ggml_tensor * param, const float * x0, const float * u, float scale, float * tmp) {
+    const int64_t n = ggml_nelements(param);
+    if (ggml_is_contiguous(param)) {
+        for (int64_t i = 0; i < n; i++) tmp[i] = x0[i] + scale * u[i];
+        ggml_backend_tensor_set(param, tmp, 0, n * sizeof(float));
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const float v = x0[i] + scale * u[i];
+        ggml_backend_tensor_set(param, &v, gg_offset(param, i), sizeof(v));
+    }
+}
+
+int gg_directional(struct gg_session * s, struct ggml_cgraph * gf, struct ggml_tensor * param,
+                   struct ggml_tensor * loss, const float * dirs, int n_dirs, float h,
+                   double * d_h, double * d_half) {
+    const int64_t n = ggml_nelements(param);
+    float * x0 = malloc(n * sizeof(float));
+    float * tmp = malloc(n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        ggml_backend_tensor_get(param, &x0[i], gg_offset(param, i), sizeof(float));
+    }
+    int st = 0;
+    const float scales[4] = { h, -h, 0.5f * h, -0.5f * h };
+    for (int k = 0; k < n_dirs && !st; k++) {
+        const float * u = dirs + (size_t) k * n;
+        double f[4] = {0, 0, 0, 0};
+        const int n_points = d_half ? 4 : 2;
+        for (int p = 0; p < n_points && !st; p++) {
+            gg_write_shifted(param, x0, u, scales[p], tmp);
+            st = (int) ggml_backend_graph_compute(s->backend, gf);
+            f[p] = gg_read_scalar(loss);
+        }
+        d_h[k] = (f[0] - f[1]) / (2.0 * (double) h);
+        if (d_half) d_half[k] = (f[2] - f[3]) / (double) h;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        ggml_backend_tensor_set(param, &x0[i], gg_offset(param, i), sizeof(float));
+    }
+    free(x0);
+    free(tmp);
+    return st;
+}

@@ -1,0 +1,236 @@
+"""Build ggml plus our shim with CMake, once per distinct input, shared by every process.
+
+Cache key = content of the ggml tree (the parts that make the library) + native/ +
+build options + compiler identity. A hit returns the published entry without running
+CMake. A miss builds in a staging folder under an exclusive lock (so concurrent
+pytest-xdist workers wait for one build instead of racing) and publishes it atomically.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .cache import cache_root, file_lock, new_staging_dir, publish, sweep_stale_staging
+from .errors import BuildError
+from .source import read_ggml_version
+
+LIBRARY_NAME = {"darwin": "libgradgate.dylib", "win32": "gradgate.dll"}.get(sys.platform, "libgradgate.so")
+BUILD_INFO = "build-info.json"
+# what of a ggml tree goes into the library; tests/, examples/, docs/ do not
+GGML_BUILD_INPUTS = ("CMakeLists.txt", "cmake", "include", "src", "ggml.pc.in")
+BUILD_TYPES = ("Release", "Debug", "RelWithDebInfo")
+BACKENDS = ("cpu", "cuda")
+
+
+def native_dir():
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "native", here / "native"):
+        if (candidate / "CMakeLists.txt").is_file():
+            return candidate
+    raise BuildError(f"pytest-gradgate's native/ folder was not found next to {here}; "
+                     "install the project from its source tree (pip install -e .)")
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    build_type: str = "Release"
+    backends: tuple = ("cpu",)
+    cuda_arch: str = "native"
+    extra_cmake_args: tuple = ()
+
+    def cmake_args(self):
+        args = [f"-DCMAKE_BUILD_TYPE={self.build_type}"]
+        if "cuda" in self.backends:
+            args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={self.cuda_arch}"]
+        return args + list(self.extra_cmake_args)
+
+
+@dataclass
+class Build:
+    """A published build: where the library is and what went into it."""
+    path: Path
+    key: str
+    info: dict = field(default_factory=dict)
+    cached: bool = True
+
+    @property
+    def library(self):
+        return self.path / LIBRARY_NAME
+
+
+def _hash_tree(digest, root, names):
+    root = Path(root)
+    for name in names:
+        top = root / name
+        if top.is_file():
+            files = [top]
+        elif top.is_dir():
+            files = sorted(p for p in top.rglob("*") if p.is_file())
+        else:
+            continue
+        for path in files:
+            digest.update(str(path.relative_to(root)).encode() + b"\0")
+            digest.update(path.read_bytes())
+            digest.update(b"\0")
+
+
+def compiler_identity():
+    """First line of the C and C++ compilers' --version (CMake honours $CC/$CXX likewise)."""
+    ids = []
+    for var, default in (("CC", "cc"), ("CXX", "c++")):
+        exe = os.environ.get(var, default)
+        try:
+            out = subprocess.run([exe, "--version"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 text=True, timeout=30).stdout
+            ids.append(f"{exe}: {out.splitlines()[0] if out else '?'}")
+        except (OSError, subprocess.SubprocessError):
+            ids.append(f"{exe}: missing")
+    return "; ".join(ids)
+
+
+def cache_key(ggml_root, options):
+    digest = hashlib.sha256()
+    _hash_tree(digest, ggml_root, GGML_BUILD_INPUTS)
+    digest.update(b"--native--")
+    _hash_tree(digest, native_dir(), ("CMakeLists.txt", "gradgate.h", "gradgate_shim.c"))
+    digest.update(json.dumps(asdict(options), sort_keys=True).encode())
+    digest.update(compiler_identity().encode())
+    return digest.hexdigest()[:24]
+
+
+def builds_dir():
+    return cache_root() / "builds"
+
+
+def find_build(ggml_root, options):
+    """The published build for these inputs, or None."""
+    key = cache_key(ggml_root, options)
+    entry = builds_dir() / key
+    return _load_entry(entry, key)
+
+
+def _load_entry(entry, key):
+    info_path = entry / BUILD_INFO
+    if not info_path.is_file() or not (entry / LIBRARY_NAME).is_file():
+        return None
+    return Build(entry, key, json.loads(info_path.read_text()), cached=True)
+
+
+def ensure_build(ggml_root, options=BuildOptions(), progress=None):
+    """Return the build for (ggml_root, options), building it if no valid entry exists."""
+    key = cache_key(ggml_root, options)
+    entry = builds_dir() / key
+    build = _load_entry(entry, key)
+    if build:
+        return build
+    with file_lock(builds_dir() / f"{key}.lock"):
+        build = _load_entry(entry, key)  # another process may have built it while we waited
+        if build:
+            return build
+        sweep_stale_staging(builds_dir(), key)
+        staging = new_staging_dir(entry)
+        try:
+            info = _run_cmake(ggml_root, options, staging, progress)
+            info["key"] = key
+            (staging / BUILD_INFO).write_text(json.dumps(info, indent=2))
+            if entry.exists():  # an invalid leftover (no build-info); never a valid entry
+                shutil.rmtree(entry)
+            publish(staging, entry)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    built = _load_entry(entry, key)
+    built.cached = False
+    return built
+
+
+_NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
+_MAKE_PROGRESS = re.compile(r"^\[\s*(\d+)%\]")
+
+
+def _run_logged(cmd, log, progress, label, env):
+    log.write(("$ " + " ".join(cmd) + "\n").encode())
+    log.flush()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    for raw in proc.stdout:
+        log.write(raw)
+        if progress:
+            line = raw.decode(errors="replace").rstrip()
+            m = _NINJA_PROGRESS.match(line)
+            if m:
+                progress(f"{label} [{m.group(1)}/{m.group(2)}]")
+            else:
+                m = _MAKE_PROGRESS.match(line)
+                if m:
+                    progress(f"{label} [{m.group(1)}%]")
+    return proc.wait()
+
+
+def _tail(path, n=25):
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def build_tool_args():
+    """Ninja and ccache when present: both only speed things up."""
+    args = []
+    if shutil.which("ninja"):
+        args += ["-G", "Ninja"]
+    if shutil.which("ccache"):
+        args += ["-DGGML_CCACHE=OFF", "-DCMAKE_C_COMPILER_LAUNCHER=ccache",
+                 "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"]
+    return args
+
+
+def configure(ggml_root, options, work, log, progress=None, env=None):
+    cmd = ["cmake", "-S", str(native_dir()), "-B", str(work), f"-DGRADGATE_GGML_DIR={ggml_root}"]
+    cmd += build_tool_args() + options.cmake_args()
+    if progress:
+        progress("configuring ggml")
+    return _run_logged(cmd, log, progress, "configuring ggml", env)
+
+
+def _run_cmake(ggml_root, options, staging, progress):
+    if not shutil.which("cmake"):
+        raise BuildError("cmake was not found on PATH; install it (e.g. pip install cmake or apt-get install cmake)")
+    work = staging / "work"
+    log_path = staging / "build.log"
+    started = time.time()
+    env = dict(os.environ)
+    jobs = str(os.cpu_count() or 2)
+    with open(log_path, "wb") as log:
+        if configure(ggml_root, options, work, log, progress, env) != 0:
+            raise _failed("configure", log_path, ggml_root)
+        cmd = ["cmake", "--build", str(work), "--target", "gradgate", "--parallel", jobs]
+        if _run_logged(cmd, log, progress, "building ggml", env) != 0:
+            raise _failed("build", log_path, ggml_root)
+    built = next((p for p in work.rglob(LIBRARY_NAME) if p.is_file()), None)
+    if built is None:
+        raise _failed("build (no library produced)", log_path, ggml_root)
+    shutil.copy2(built, staging / LIBRARY_NAME)
+    shutil.rmtree(work)  # objects stay in ccache; the entry keeps only what is loaded
+    return {
+        "ggml_root": str(ggml_root),
+        "ggml_version": read_ggml_version(ggml_root),
+        "options": asdict(options),
+        "compiler": compiler_identity(),
+        "build_seconds": round(time.time() - started, 1),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def _failed(step, staging_log, ggml_root):
+    # keep the log outside the staging folder, which is removed on failure
+    kept = builds_dir() / "failed" / f"{int(time.time())}-{os.getpid()}.log"
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(staging_log, kept)
+    return BuildError(f"CMake {step} of ggml at {ggml_root} failed", log_path=kept, log_tail=_tail(kept))

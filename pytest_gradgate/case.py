@@ -1,0 +1,54 @@
+"""Case: the plain, JSON-serialisable description of one check. Nothing else crosses
+from the collector into the isolated worker and its engine."""
+
+from dataclasses import asdict, dataclass, field
+
+DEFAULT_EPS = 1e-1          # as test-backend-ops: inputs are O(1), so h = 0.1 keeps roundoff small
+DEFAULT_MAX_MAA = 1e-4      # test-backend-ops' limit
+DEFAULT_STENCIL = 4         # 4-point: also yields the 2-point estimate, whose gap estimates the error
+DEFAULT_INIT = (-1.0, 1.0)
+
+
+@dataclass
+class Case:
+    name: str
+    graph: list                         # "name = expr" lines; the last line is the output
+    params: dict                        # name -> ne (1..4 sizes): f32 tensors that get gradients
+    inputs: dict = field(default_factory=dict)   # name -> {"type": "i32"|"f32", "values"|"shape", "init"}
+    init: dict = field(default_factory=dict)     # param name -> [lo, hi] or {"abs": [lo, hi]}
+    consumer: str = "none"
+    loss: str = "sqr"
+    eps: float = DEFAULT_EPS
+    stencil: int = DEFAULT_STENCIL
+    max_maa: float = DEFAULT_MAX_MAA
+    seed: int = 0
+    backend: str = "cpu"
+    mode: str = "full"                  # "full": every element; "fast": random directions
+    directions: int = 6                 # fast mode: how many directions
+    timeout: float = 0.0                # seconds; 0 = sized from the case by the runner
+    builtin: bool = False               # from the built-in suite (no backward -> skip, not fail)
+    origin: dict = field(default_factory=dict)   # {"path": ..., "line": ...}, for reports only
+
+    @property
+    def id(self):
+        return f"{self.name}[{self.consumer}-{self.loss}-{self.backend}]"
+
+    @property
+    def variant(self):
+        return f"{self.consumer}-{self.loss}-{self.backend}"
+
+    def to_dict(self):
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data):
+        return cls(**data)
+
+    def n_param_elements(self):
+        total = 0
+        for shape in self.params.values():
+            n = 1
+            for x in shape:
+                n *= int(x)
+            total += n
+        return total

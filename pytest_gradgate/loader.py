@@ -1,0 +1,192 @@
+"""YAML case files -> Cases, with every error pointing at its file and line.
+
+A file holds `cases:`, a list of mappings. Each mapping expands into one Case per
+(consumer, loss, backend). A bad case is reported with its file:line and what to do;
+the other cases of the file still load.
+"""
+
+import re
+from pathlib import Path
+
+import yaml
+
+from .case import DEFAULT_EPS, DEFAULT_MAX_MAA, DEFAULT_STENCIL, Case
+from .consumers import CONSUMERS, DEFAULT_CONSUMERS, check_consumer
+from .errors import CaseError
+from .expr import parse_graph
+from .graph import infer_shapes
+from .losses import LOSSES
+
+CASE_KEYS = {
+    "name": "the case's name (letters, digits, _ . -), unique in its file",
+    "description": "free text",
+    "params": "tensors that get gradients: name -> shape (1 to 4 sizes, ggml order ne0..ne3)",
+    "inputs": "constants: name -> {type: i32|f32, values: [...]} or {type: f32, shape: [...], init: ...}",
+    "init": "param value ranges: name -> [lo, hi] or {abs: [lo, hi]} (random signs)",
+    "graph": "an expression, or a list of 'name = expression' lines; the last line is the output",
+    "consumers": f"consumers to check through (default {list(DEFAULT_CONSUMERS)})",
+    "loss": "loss, or a list of losses: sqr (default), wsqr, sum",
+    "eps": f"finite-difference step (default {DEFAULT_EPS})",
+    "stencil": f"2 or 4 points (default {DEFAULT_STENCIL})",
+    "max_maa": f"MAA limit (default {DEFAULT_MAX_MAA})",
+    "seed": "seed of the random inputs (default 0)",
+    "backends": "backends to run on, among those the session builds (default: all of them)",
+    "mode": "full (every element, default) or fast (random directions, for large tensors)",
+    "directions": "fast mode: number of random directions (default 6)",
+    "timeout": "seconds before the case is killed (default: sized to the case)",
+}
+NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+INPUT_KEYS = {"type", "values", "shape", "init"}
+
+
+class LoadedCase:
+    """One YAML mapping after validation: its Cases and where it was declared."""
+
+    def __init__(self, name, path, line, cases):
+        self.name, self.path, self.line, self.cases = name, path, line, cases
+
+
+def _key_lines(node):
+    return {k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+
+
+def load_file(path, session_backends=("cpu",), builtin=False, text=None):
+    """-> (list of LoadedCase, list of CaseError). Never raises for bad content."""
+    path = Path(path)
+    try:
+        text = path.read_text() if text is None else text
+    except OSError as exc:
+        return [], [CaseError(f"cannot read case file: {exc.strerror}", path)]
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        return [], [CaseError(f"YAML syntax error: {problem}", path, mark.line + 1 if mark else None)]
+    if not isinstance(data, dict) or "cases" not in data:
+        return [], [CaseError("a case file must be a mapping with a 'cases:' list", path, 1)]
+    unknown_top = set(data) - {"cases", "defaults"}
+    if unknown_top:
+        return [], [CaseError(f"unknown top-level key(s) {sorted(unknown_top)}; expected 'cases' (and 'defaults')",
+                              path, 1)]
+    top_lines = _key_lines(root)
+    if not isinstance(data["cases"], list):
+        return [], [CaseError("'cases' must be a list of case mappings", path, top_lines.get("cases"))]
+    defaults = data.get("defaults") or {}
+    case_nodes = next(v for k, v in root.value if k.value == "cases").value
+    loaded, errors, seen = [], [], {}
+    for raw, node in zip(data["cases"], case_nodes):
+        line = node.start_mark.line + 1
+        try:
+            if not isinstance(raw, dict):
+                raise CaseError("each case must be a mapping (name:, params:, graph:, ...)", path, line)
+            merged = {**defaults, **raw}
+            key_lines = _key_lines(node) if isinstance(node, yaml.MappingNode) else {}
+            name = merged.get("name")
+            if name in seen:
+                raise CaseError(f"duplicate case name '{name}' (first declared on line {seen[name]})", path,
+                                key_lines.get("name", line))
+            cases = build_cases(merged, path, line, key_lines, session_backends, builtin)
+            seen[name] = line
+            loaded.append(LoadedCase(name, path, line, cases))
+        except CaseError as exc:
+            if exc.path is None:
+                exc.path, exc.line = path, line
+            errors.append(exc)
+    return loaded, errors
+
+
+def _number(value, key, where, positive=True):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and not value > 0):
+        raise CaseError(f"'{key}' must be a positive number, got {value!r}", *where)
+    return float(value)
+
+
+def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), builtin=False):
+    """Validate one case mapping and expand it over consumers x losses x backends."""
+    key_lines = key_lines or {}
+
+    def at(key):
+        return (path, key_lines.get(key, line))
+
+    unknown = [k for k in raw if k not in CASE_KEYS]
+    if unknown:
+        raise CaseError(f"unknown key '{unknown[0]}'; a case may have: {', '.join(CASE_KEYS)}", *at(unknown[0]))
+    for required in ("name", "params", "graph"):
+        if required not in raw:
+            raise CaseError(f"missing key '{required}' ({CASE_KEYS[required]})", path, line)
+    name = raw["name"]
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise CaseError(f"name {name!r} must be letters, digits, _ . or -", *at("name"))
+    params = raw["params"]
+    if not isinstance(params, dict) or not params:
+        raise CaseError("'params' must map at least one name to a shape, e.g. a: [4, 3]", *at("params"))
+    for pname, shape in params.items():
+        if not isinstance(shape, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in shape):
+            raise CaseError(f"param '{pname}': shape must be a list of 1 to 4 integers, got {shape!r}", *at("params"))
+    inputs = raw.get("inputs") or {}
+    if not isinstance(inputs, dict):
+        raise CaseError("'inputs' must map names to {type:, values:} or {type:, shape:, init:}", *at("inputs"))
+    for iname, spec in inputs.items():
+        if not isinstance(spec, dict) or set(spec) - INPUT_KEYS or ("values" not in spec and "shape" not in spec):
+            raise CaseError(f"input '{iname}' must be {{type: i32|f32, values: [...]}} or "
+                            "{type: f32, shape: [...], init: ...}", *at("inputs"))
+        if spec.get("type", "f32") not in ("i32", "f32"):
+            raise CaseError(f"input '{iname}': type must be i32 or f32, got {spec.get('type')!r}", *at("inputs"))
+    clash = set(params) & set(inputs)
+    if clash:
+        raise CaseError(f"{sorted(clash)} declared both as params and inputs", *at("inputs"))
+
+    consumers = raw.get("consumers", list(DEFAULT_CONSUMERS))
+    if isinstance(consumers, str):
+        consumers = [consumers]
+    for c in consumers:
+        if c not in CONSUMERS:
+            raise CaseError(f"unknown consumer '{c}'; known: {', '.join(CONSUMERS)}", *at("consumers"))
+    losses = raw.get("loss", "sqr")
+    losses = [losses] if isinstance(losses, str) else losses
+    for lo in losses:
+        if lo not in LOSSES:
+            raise CaseError(f"unknown loss '{lo}'; known: {', '.join(LOSSES)}", *at("loss"))
+    eps = _number(raw.get("eps", DEFAULT_EPS), "eps", at("eps"))
+    max_maa = _number(raw.get("max_maa", DEFAULT_MAX_MAA), "max_maa", at("max_maa"))
+    if max_maa >= 1:
+        raise CaseError(f"'max_maa' {max_maa} would pass anything (MAA of unrelated gradients is about 1); "
+                        "use a value below 1, e.g. 1e-4", *at("max_maa"))
+    stencil = raw.get("stencil", DEFAULT_STENCIL)
+    if stencil not in (2, 4):
+        raise CaseError(f"'stencil' must be 2 or 4, got {stencil!r}", *at("stencil"))
+    mode = raw.get("mode", "full")
+    if mode not in ("full", "fast"):
+        raise CaseError(f"'mode' must be full or fast, got {mode!r}", *at("mode"))
+    wanted = raw.get("backends")
+    wanted = [wanted] if isinstance(wanted, str) else wanted
+    for b in wanted or ():
+        if b not in ("cpu", "cuda"):
+            raise CaseError(f"unknown backend '{b}'; known: cpu, cuda", *at("backends"))
+    backends = [b for b in session_backends if wanted is None or b in wanted]
+
+    template = Case(name=name, graph=raw["graph"], params=params, inputs=inputs, init=raw.get("init") or {},
+                    eps=eps, stencil=stencil, max_maa=max_maa, seed=int(raw.get("seed", 0)), mode=mode,
+                    directions=int(raw.get("directions", 6)), timeout=float(raw.get("timeout", 0)),
+                    builtin=builtin, origin={"path": str(path), "line": line})
+    try:
+        parse_graph(raw["graph"])
+        out_shape = infer_shapes(template)
+    except CaseError as exc:
+        raise CaseError(str(exc), *at("graph")) from None
+    for pname, init in template.init.items():
+        if pname not in params:
+            raise CaseError(f"init names '{pname}', which is not a param", *at("init"))
+    for c in consumers:
+        why = check_consumer(c, out_shape)
+        if why:
+            raise CaseError(f"consumer '{c}' cannot read this output: {why}", *at("consumers"))
+    cases = []
+    for c in consumers:
+        for lo in losses:
+            for b in backends:
+                case = Case(**{**template.to_dict(), "consumer": c, "loss": lo, "backend": b})
+                cases.append(case)
+    return cases

@@ -1,0 +1,301 @@
+"""The pytest plugin: options, the build at session start, collection of YAML cases,
+items that run cases in isolation, and the run's outputs.
+
+Without --gradgate the plugin stays out of the way: nothing is built, no YAML file is
+collected; only the `gradgate` fixture is available (it builds on first use).
+"""
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from . import settings
+from .build import BuildOptions, ensure_build
+from .errors import CaseError, GradgateError
+from .fixtures import gradgate  # noqa: F401  (registers the fixture)
+from .isolation import Runner
+from .loader import load_file
+from .report_text import format_result
+from .result import Result
+from .source import resolve_source
+
+BUILTIN_CASES = Path(__file__).parent / "cases.yaml"
+BUILTIN_NODEID = "pytest_gradgate/cases.yaml"
+CASE_FILE_RE = re.compile(r"^gradgate_.*\.ya?ml$")
+STATE = pytest.StashKey()
+
+
+class GradgateFailure(Exception):
+    """A case that did not pass; repr_failure shows its Result, not a traceback."""
+
+    def __init__(self, result, text=None):
+        super().__init__(result.message)
+        self.result = result
+        self.text = text
+
+
+class GateState:
+    """Per-session state: settings, the build, the runner, the results seen so far."""
+
+    def __init__(self, config):
+        self.config = config
+        self.enabled = config.getoption("gradgate")
+        self.settings = settings.effective(config)
+        backend = self.settings["backend"]
+        self.backends = ("cpu", "cuda") if backend == "all" else (backend,)
+        self.source = None
+        self.build = None
+        self._runner = None
+        self.results = []
+        self.start_failures_in_a_row = 0
+
+    # -- build ---------------------------------------------------------------------------
+    def build_options(self):
+        return BuildOptions(build_type=self.settings["build_type"], backends=tuple(sorted(set(self.backends))),
+                            cuda_arch=self.settings["cuda_arch"])
+
+    def ensure_build(self):
+        if self.build is None:
+            self.source = resolve_source(self.config.getoption("gradgate_ggml_src"),
+                                         self.config.getini("gradgate_ggml_src"))
+            self.build = ensure_build(self.source.root, self.build_options(), progress=self._progress())
+        return self.build
+
+    def _progress(self):
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is None:
+            return None
+        last = {"text": None}
+
+        def show(text):
+            if text == last["text"]:
+                return
+            last["text"] = text
+            if tr.isatty:
+                tr.rewrite(f"gradgate: {text}", erase=True)
+            elif text.endswith("]") is False or text.split("[")[-1].split("/")[0] in ("1",):
+                tr.write_line(f"gradgate: {text}")
+        return show
+
+    def runner(self):
+        if self._runner is None:
+            build = self.ensure_build()
+            self._runner = Runner(build.library, isolate=self.settings["isolate"],
+                                  max_memory=self.settings["max_memory"], backtrace=self.settings["backtrace"],
+                                  timeout=self.settings["timeout"] or None)
+        return self._runner
+
+    def close(self):
+        if self._runner:
+            self._runner.close()
+
+
+def state_of(config):
+    return config.stash[STATE]
+
+
+# -- hooks ---------------------------------------------------------------------------------
+def pytest_addoption(parser):
+    settings.add_options(parser)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gradgate: a gradient check declared in YAML or with the gradgate fixture")
+    state = GateState(config)
+    config.stash[STATE] = state
+    if not state.enabled:
+        return
+    if "cuda" in state.backends and not _gpu_visible():
+        raise pytest.UsageError(
+            f"--gradgate-backend {state.settings['backend']}: no NVIDIA GPU is visible on this machine "
+            "(no /dev/nvidia0 and nvidia-smi not found); use --gradgate-backend cpu, or run on a GPU machine")
+    extra = [] if config.getoption("gradgate_no_builtin") else [str(BUILTIN_CASES)]
+    for p in state.settings["cases"] or ():
+        if not Path(p).is_file():
+            raise pytest.UsageError(f"--gradgate-cases / gradgate_cases: '{p}' is not a file")
+        extra.append(str(Path(p).resolve()))
+    state.case_files = {str(Path(p).resolve()) for p in extra}
+    explicit = config.args_source == pytest.Config.ArgsSource.ARGS
+    config.args = (list(config.args) if explicit else []) + [p for p in extra if p not in config.args]
+
+
+def _gpu_visible():
+    import shutil
+    return os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    state = state_of(session.config)
+    if not state.enabled:
+        return
+    try:
+        state.ensure_build()
+    except GradgateError as exc:
+        raise pytest.UsageError(f"gradgate: {exc}") from None
+
+
+def pytest_report_header(config):
+    state = state_of(config)
+    if not state.enabled or state.build is None:
+        return None
+    info = state.build.info
+    how = "cached" if state.build.cached else f"built in {info.get('build_seconds')} s"
+    return [f"gradgate: ggml {info.get('ggml_version')} from {state.source.label}",
+            f"gradgate: {info['options']['build_type']} build for {', '.join(state.backends)} ({how}): "
+            f"{state.build.library}",
+            f"gradgate: isolate={state.settings['isolate']}"]
+
+
+def pytest_collect_file(file_path, parent):
+    state = state_of(parent.config)
+    if not state.enabled or file_path.suffix not in (".yaml", ".yml"):
+        return None
+    resolved = file_path.resolve()
+    if resolved == BUILTIN_CASES.resolve() and str(resolved) in state.case_files:
+        # outside the rootdir: give it a stable, readable node id (for -k, --lf, reports)
+        return CaseFile.from_parent(parent, path=file_path, nodeid=BUILTIN_NODEID)
+    if CASE_FILE_RE.match(file_path.name) or str(resolved) in state.case_files:
+        return CaseFile.from_parent(parent, path=file_path)
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    result = getattr(item, "gradgate_result", None)
+    if result is not None and call.when == "call":
+        # rides on the report, so it reaches the controller under pytest-xdist
+        data = result.to_dict()
+        data["outcome"] = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+        data["skip_reason"] = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
+        report.gradgate_result = data
+    return report
+
+
+def pytest_runtest_logreport(report):
+    result = getattr(report, "gradgate_result", None)
+    if result is None:
+        return
+    state = state_of(report.config) if hasattr(report, "config") else None
+    if state is None:
+        state = _current_state
+    if state is not None:
+        state.results.append(result)
+
+
+_current_state = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session):
+    global _current_state
+    _current_state = state_of(session.config)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    state = state_of(config)
+    failed = [r for r in state.results if r["status"] in ("failed", "crashed", "timeout", "error")
+              and r.get("outcome") == "failed"]
+    blind = [r for r in state.results if r["status"] == "passed" and r.get("power") is False]
+    if failed:
+        terminalreporter.write_sep("=", "gradgate failures")
+        for r in failed:
+            maa = f"MAA {r['maa']:.3g}" if r.get("maa") is not None else r["status"]
+            terminalreporter.write_line(f"{r['case_id']}: {maa}, phase {r['phase']}: "
+                                        f"{r.get('diagnosis') or r.get('message')}")
+    if blind:
+        terminalreporter.write_sep("-", "gradgate blind cases (a scrambled gradient would pass them)")
+        for r in blind:
+            terminalreporter.write_line(f"{r['case_id']}: {r.get('diagnosis')}")
+
+
+def pytest_unconfigure(config):
+    state = config.stash.get(STATE, None)
+    if state is not None:
+        state.close()
+
+
+# -- collection nodes ----------------------------------------------------------------------
+class CaseFile(pytest.File):
+    def collect(self):
+        state = state_of(self.config)
+        builtin = self.path.resolve() == BUILTIN_CASES.resolve()
+        loaded, errors = load_file(self.path, state.backends, builtin=builtin)
+        for entry in loaded:
+            for case in entry.cases:
+                yield CaseItem.from_parent(self, name=f"{case.name}[{case.variant}]", case=case)
+        for err in errors:
+            yield InvalidCaseItem.from_parent(self, name=f"line{err.line or 0}[invalid]", error=err)
+
+
+class CaseItem(pytest.Item):
+    def __init__(self, *, case, **kwargs):
+        super().__init__(**kwargs)
+        self.case = case
+        self.add_marker("gradgate")
+
+    def runtest(self):
+        state = state_of(self.config)
+        result = state.runner().run(self.case)
+        self.gradgate_result = result
+        _track_start_failures(state, result, self.session)
+        _decide(self, result)
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, GradgateFailure):
+            return excinfo.value.text or format_result(excinfo.value.result)
+        if isinstance(excinfo.value, GradgateError):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.path, self.case.origin.get("line", 1) - 1, self.case.id
+
+
+class InvalidCaseItem(pytest.Item):
+    """A case that could not be loaded: one error at its file:line; the others still run."""
+
+    def __init__(self, *, error, **kwargs):
+        super().__init__(**kwargs)
+        self.error = error
+
+    def setup(self):
+        raise self.error
+
+    def runtest(self):
+        raise self.error
+
+    def repr_failure(self, excinfo):
+        return f"invalid case: {excinfo.value}"
+
+    def reportinfo(self):
+        return self.path, (self.error.line or 1) - 1, f"invalid case at line {self.error.line}"
+
+
+def _track_start_failures(state, result, session):
+    if result.phase == "startup" and result.status == "error":
+        state.start_failures_in_a_row += 1
+        if state.start_failures_in_a_row >= state.settings["crash_cap"]:
+            session.shouldstop = (f"gradgate: {state.start_failures_in_a_row} cases in a row could not even start "
+                                  f"a worker; the build looks broken: {result.message}")
+    else:
+        state.start_failures_in_a_row = 0
+
+
+def _decide(item, result):
+    """Turn a Result into pytest's outcome."""
+    if result.stderr_tail:
+        item.add_report_section("call", "ggml stderr", result.stderr_tail)
+    if result.status == "skipped":
+        pytest.skip(result.message)
+    if result.status == "passed":
+        if result.power is False:
+            item.warn(pytest.PytestWarning(f"gradgate: {item.case.id} is blind: {result.diagnosis}"))
+        return
+    if item.case.builtin and result.no_backward:
+        pytest.skip(f"{result.diagnosis} ({result.message})")
+    raise GradgateFailure(result)

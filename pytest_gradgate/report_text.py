@@ -1,0 +1,36 @@
+"""Plain-text rendering of a Result, for pytest's failure output and the fixture."""
+
+
+def _fmt(value, spec=".3g"):
+    if value is None:
+        return "-"
+    try:
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def format_result(result):
+    r = result if isinstance(result, dict) else result.to_dict()
+    lines = [f"{r['case_id']}: {r['status'].upper()} (phase {r['phase']}, op {r.get('op') or '?'}, "
+             f"consumer {r['consumer']}, loss {r['loss']}, backend {r['backend']})"]
+    origin = r.get("origin") or {}
+    if origin.get("path"):
+        lines.append(f"  declared at {origin['path']}:{origin.get('line')}")
+    if r.get("diagnosis"):
+        lines.append(f"  diagnosis: {r['diagnosis']}")
+    if r.get("message") and r["message"] not in (r.get("diagnosis") or ""):
+        lines.append(f"  {r['message']}")
+    if r.get("signal"):
+        lines.append(f"  signal: {r['signal']}")
+    for p in r.get("params") or []:
+        excluded = ", ".join(f"{n} {why}" for why, n in (p.get("excluded") or {}).items()) or "none"
+        lines.append(
+            f"  param {p['name']} {p.get('shape')}: MAA {_fmt(p.get('maa'))} (limit {_fmt(p.get('limit'))}), "
+            f"cosine {_fmt(p.get('cosine'), '.4f')}, norm ratio {_fmt(p.get('norm_ratio'), '.4g')}, "
+            f"max |a-n| {_fmt(p.get('max_abs_err'))}, compared {p.get('n_compared')} of {p.get('n_elements')} "
+            f"(left out: {excluded}), power {'yes' if p.get('power') else 'NO (blind)'}")
+        if not p.get("passed"):
+            for w in p.get("worst") or []:
+                lines.append(f"      at {w['index']}: analytic {w['analytic']:+.6g}  numeric {w['numeric']:+.6g}")
+    return "\n".join(lines)
