@@ -22,8 +22,8 @@ from .report_text import format_result
 from .result import Result
 from .source import resolve_source
 
-BUILTIN_CASES = Path(__file__).parent / "cases.yaml"
-BUILTIN_NODEID = "pytest_gradgate/cases.yaml"
+# the built-in suite: small cases (full mode) and realistic sizes (fast mode)
+BUILTIN_FILES = [(Path(__file__).parent / n).resolve() for n in ("cases.yaml", "cases_fast.yaml")]
 CASE_FILE_RE = re.compile(r"^gradgate_.*\.ya?ml$")
 STATE = pytest.StashKey()
 
@@ -42,6 +42,7 @@ class GateState:
 
     def __init__(self, config):
         self.config = config
+        self.case_files = set()
         self.enabled = config.getoption("gradgate")
         self.settings = settings.effective(config)
         backend = self.settings["backend"]
@@ -112,7 +113,7 @@ def pytest_configure(config):
         raise pytest.UsageError(
             f"--gradgate-backend {state.settings['backend']}: no NVIDIA GPU is visible on this machine "
             "(no /dev/nvidia0 and nvidia-smi not found); use --gradgate-backend cpu, or run on a GPU machine")
-    extra = [] if config.getoption("gradgate_no_builtin") else [str(BUILTIN_CASES)]
+    extra = [] if config.getoption("gradgate_no_builtin") else [str(p) for p in BUILTIN_FILES if p.is_file()]
     for p in state.settings["cases"] or ():
         if not Path(p).is_file():
             raise pytest.UsageError(f"--gradgate-cases / gradgate_cases: '{p}' is not a file")
@@ -155,9 +156,9 @@ def pytest_collect_file(file_path, parent):
     if not state.enabled or file_path.suffix not in (".yaml", ".yml"):
         return None
     resolved = file_path.resolve()
-    if resolved == BUILTIN_CASES.resolve() and str(resolved) in state.case_files:
+    if resolved in BUILTIN_FILES and str(resolved) in state.case_files:
         # outside the rootdir: give it a stable, readable node id (for -k, --lf, reports)
-        return CaseFile.from_parent(parent, path=file_path, nodeid=BUILTIN_NODEID)
+        return CaseFile.from_parent(parent, path=file_path, nodeid=f"pytest_gradgate/{file_path.name}")
     if CASE_FILE_RE.match(file_path.name) or str(resolved) in state.case_files:
         return CaseFile.from_parent(parent, path=file_path)
     return None
@@ -223,7 +224,7 @@ def pytest_unconfigure(config):
 class CaseFile(pytest.File):
     def collect(self):
         state = state_of(self.config)
-        builtin = self.path.resolve() == BUILTIN_CASES.resolve()
+        builtin = self.path.resolve() in BUILTIN_FILES
         loaded, errors = load_file(self.path, state.backends, builtin=builtin)
         for entry in loaded:
             for case in entry.cases:
