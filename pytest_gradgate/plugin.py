@@ -107,6 +107,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gradgate: a gradient check declared in YAML or with the gradgate fixture")
     state = GateState(config)
     config.stash[STATE] = state
+    config.pluginmanager.register(ResultCollector(state), "gradgate-results")
     if not state.enabled:
         return
     if "cuda" in state.backends and not _gpu_visible():
@@ -177,24 +178,16 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-def pytest_runtest_logreport(report):
-    result = getattr(report, "gradgate_result", None)
-    if result is None:
-        return
-    state = state_of(report.config) if hasattr(report, "config") else None
-    if state is None:
-        state = _current_state
-    if state is not None:
-        state.results.append(result)
+class ResultCollector:
+    """Collects the Results riding on reports (on the xdist controller too)."""
 
+    def __init__(self, state):
+        self.state = state
 
-_current_state = None
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection(session):
-    global _current_state
-    _current_state = state_of(session.config)
+    def pytest_runtest_logreport(self, report):
+        result = getattr(report, "gradgate_result", None)
+        if result is not None:
+            self.state.results.append(result)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
