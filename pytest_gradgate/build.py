@@ -95,6 +95,67 @@ def compiler_identity():
     return "; ".join(ids)
 
 
+def gpu_visible():
+    """An NVIDIA GPU this process could use (its device node or the driver's tool)."""
+    return os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
+
+
+def _cuda_toolkit_root():
+    for var in ("CUDAToolkit_ROOT", "CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            return Path(os.environ[var])
+    nvcc = shutil.which("nvcc")
+    for candidate in ([Path(nvcc).resolve().parent.parent] if nvcc else []) + [Path("/usr/local/cuda")]:
+        if (candidate / "bin" / "nvcc").exists():
+            return candidate
+    return None
+
+
+def _toolkit_has(root, pattern):
+    if root is None:
+        return False
+    dirs = [root / "lib64", root / "lib", root / "lib64" / "stubs", *root.glob("targets/*/lib"),
+            *root.glob("targets/*/lib/stubs")]
+    return any(next(d.glob(pattern), None) for d in dirs if d.is_dir())
+
+
+def _wheel_cublas():
+    """cuBLAS from the nvidia-cublas wheel (pip install nvidia-cublas), or None."""
+    import importlib.util
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        for flavour in ("cu13", "cu12", "cublas"):
+            lib = Path(base) / flavour / "lib"
+            found = {n: next(lib.glob(f"lib{n}.so*"), None) for n in ("cublas", "cublasLt")}
+            if all(found.values()):
+                return found, Path(base) / flavour / "include"
+    return None
+
+
+def cuda_toolkit_args():
+    """Fill the gaps of a CUDA toolkit that has nvcc but not everything ggml-cuda links.
+
+    Developer machines without a GPU often carry nvcc and cudart only: cuBLAS may come from
+    the nvidia-cublas wheel instead, and without a driver there is no libcuda, which ggml
+    links only for its virtual-memory pool (GGML_CUDA_NO_VMM=ON drops that)."""
+    root = _cuda_toolkit_root()
+    args = []
+    if not _toolkit_has(root, "libcublas.so*"):
+        wheel = _wheel_cublas()
+        if wheel:
+            libs, include = wheel
+            args += [f"-DCUDA_cublas_LIBRARY={libs['cublas']}", f"-DCUDA_cublasLt_LIBRARY={libs['cublasLt']}",
+                     f"-DCMAKE_CUDA_FLAGS=-I{include}"]
+    if not _toolkit_has(root, "libcuda.so*") and not _system_has_libcuda():
+        args += ["-DGGML_CUDA_NO_VMM=ON"]
+    return args
+
+
+def _system_has_libcuda():
+    import ctypes.util
+    return ctypes.util.find_library("cuda") is not None
+
+
 def cache_key(ggml_root, options):
     digest = hashlib.sha256()
     _hash_tree(digest, ggml_root, GGML_BUILD_INPUTS)
@@ -102,6 +163,8 @@ def cache_key(ggml_root, options):
     _hash_tree(digest, native_dir(), ("CMakeLists.txt", "gradgate.h", "gradgate_shim.c"))
     digest.update(json.dumps(asdict(options), sort_keys=True).encode())
     digest.update(compiler_identity().encode())
+    if "cuda" in options.backends:
+        digest.update(json.dumps(cuda_toolkit_args()).encode())
     return digest.hexdigest()[:24]
 
 
@@ -194,14 +257,68 @@ def build_tool_args():
 def configure(ggml_root, options, work, log, progress=None, env=None):
     cmd = ["cmake", "-S", str(native_dir()), "-B", str(work), f"-DGRADGATE_GGML_DIR={ggml_root}"]
     cmd += build_tool_args() + options.cmake_args()
+    if "cuda" in options.backends:
+        cmd += cuda_toolkit_args()
     if progress:
         progress("configuring ggml")
     return _run_logged(cmd, log, progress, "configuring ggml", env)
 
 
-def _run_cmake(ggml_root, options, staging, progress):
+def _require_cmake():
     if not shutil.which("cmake"):
         raise BuildError("cmake was not found on PATH; install it (e.g. pip install cmake or apt-get install cmake)")
+
+
+def configure_only(ggml_root, options, work, progress=None):
+    """Run CMake's configure step alone into `work` (nothing is built or cached).
+
+    Returns the values CMake settled on for the options we pass (e.g. GGML_CUDA); a failure
+    raises BuildError whose first line says what CMake could not find."""
+    _require_cmake()
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    log_path = work / "configure.log"
+    with open(log_path, "wb") as log:
+        rc = configure(ggml_root, options, work / "build", log, progress, dict(os.environ))
+    if rc != 0:
+        text = log_path.read_text(errors="replace")
+        raise BuildError(f"CMake configure of ggml at {ggml_root} failed: {cmake_error_summary(text)}",
+                         log_path=log_path, log_tail=_tail(log_path))
+    return read_cmake_cache(work / "build" / "CMakeCache.txt")
+
+
+def read_cmake_cache(path):
+    values = {}
+    for line in Path(path).read_text(errors="replace").splitlines():
+        m = re.match(r"^([A-Za-z_][\w-]*):(\w+)=(.*)$", line)
+        if m:
+            values[m.group(1)] = m.group(3)
+    return values
+
+
+_MISSING_TARGET = re.compile(r'Target "([^"]+)" links to:\s+(\S+)\s+but the target was not found')
+_WHAT_PROVIDES = {"CUDA::cublas": "cuBLAS (install it with the CUDA toolkit, or pip install nvidia-cublas)",
+                  "CUDA::cuda_driver": "the CUDA driver library libcuda",
+                  "CUDA::cudart": "the CUDA runtime"}
+
+
+def cmake_error_summary(log_text):
+    """One line saying why a CMake configure failed, from its log."""
+    m = _MISSING_TARGET.search(log_text)
+    if m:
+        target, missing = m.groups()
+        return (f"CMake did not find {missing}, which {target} links to: the CUDA toolkit here lacks "
+                f"{_WHAT_PROVIDES.get(missing, missing)}")
+    if re.search(r"No CMAKE_CUDA_COMPILER could be found|Failed to find nvcc|CUDA Toolkit not found", log_text):
+        return "CMake did not find the CUDA toolkit (nvcc); install it or put nvcc on PATH"
+    m = re.search(r"CMake Error[^\n]*\n((?:[ \t]+[^\n]*\n|\n)+)", log_text)
+    if m:
+        return " ".join(m.group(1).split())[:300]
+    return "see the log"
+
+
+def _run_cmake(ggml_root, options, staging, progress):
+    _require_cmake()
     work = staging / "work"
     log_path = staging / "build.log"
     started = time.time()
@@ -224,6 +341,7 @@ def _run_cmake(ggml_root, options, staging, progress):
         "options": asdict(options),
         "compiler": compiler_identity(),
         "build_seconds": round(time.time() - started, 1),
+        "built_by_pid": os.getpid(),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
 

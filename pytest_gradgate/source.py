@@ -46,6 +46,12 @@ def is_ggml_root(path):
 def ggml_root_of(path, named_by):
     """The ggml root inside a ggml checkout or a llama.cpp checkout, else a one-line error."""
     path = Path(path).expanduser()
+    root = _find_ggml_root(path, named_by)
+    check_supported_api(root, named_by)
+    return root
+
+
+def _find_ggml_root(path, named_by):
     if not path.exists():
         raise SourceError(f"{named_by}: ggml source '{path}' does not exist "
                           "(expected a ggml checkout or a llama.cpp checkout)")
@@ -55,6 +61,30 @@ def ggml_root_of(path, named_by):
         return (path / "ggml").resolve()
     raise SourceError(f"{named_by}: '{path}' is neither a ggml checkout (include/ggml.h, src/ggml.c, "
                       "CMakeLists.txt) nor a llama.cpp checkout (ggml/ inside it)")
+
+
+# The one backward API the shim and the engine are written against: ggml from mid-2025 on
+# (ggml 0.15 in ggml-python 0.0.45 and 0.25 in llama-cpp-python 0.3.36 both have it).
+_REQUIRED_API = {
+    "ggml_set_param(tensor)": re.compile(r"\bvoid\s+ggml_set_param\s*\(\s*struct\s+ggml_tensor\s*\*\s*\w+\s*\)"),
+    "ggml_build_backward_expand(ctx, cgraph, grad_accs)": re.compile(
+        r"\bvoid\s+ggml_build_backward_expand\s*\(\s*struct\s+ggml_context\s*\*\s*\w+\s*,"
+        r"\s*struct\s+ggml_cgraph\s*\*\s*\w+\s*,\s*struct\s+ggml_tensor\s*\*\s*\*\s*\w+\s*\)"),
+    "ggml_graph_get_grad(cgraph, node)": re.compile(r"\bggml_graph_get_grad\s*\("),
+}
+
+
+def check_supported_api(root, named_by="ggml source"):
+    """Refuse, in one line, a ggml whose backward API predates the one we bind.
+
+    Cheaper and clearer than a shim that fails to compile half-way through a build."""
+    header = Path(root) / "include" / "ggml.h"
+    text = re.sub(r"/\*.*?\*/|//[^\n]*", " ", header.read_text(errors="replace"), flags=re.S)
+    missing = [name for name, pattern in _REQUIRED_API.items() if not pattern.search(text)]
+    if missing:
+        raise SourceError(f"{named_by}: unsupported ggml version {read_ggml_version(root)} at {root}: "
+                          f"its include/ggml.h lacks {', '.join(missing)} (the backward API of ggml "
+                          "since mid-2025, e.g. ggml 0.15-0.25); use a newer ggml or llama.cpp checkout")
 
 
 def read_ggml_version(root):
@@ -69,10 +99,10 @@ def read_ggml_version(root):
     return "unknown"
 
 
-def resolve_source(option_value=None, ini_value=None, env=None):
+def resolve_source(option_value=None, ini_value=None, env=None, option_name="--gradgate-ggml-src"):
     env = os.environ if env is None else env
     if option_value:
-        return GgmlSource(ggml_root_of(option_value, "--gradgate-ggml-src"), str(option_value), "option")
+        return GgmlSource(ggml_root_of(option_value, option_name), str(option_value), "option")
     if env.get("GRADGATE_GGML_SRC"):
         value = env["GRADGATE_GGML_SRC"]
         return GgmlSource(ggml_root_of(value, "GRADGATE_GGML_SRC"), value, "env")
@@ -91,25 +121,38 @@ def sha256_of(path):
 
 def default_ggml_root(progress=None):
     """The pinned default ggml tree, fetched and extracted on first use."""
+    root = fetch_sdist_tree(DEFAULT_DIST, DEFAULT_DIST_VERSION, DEFAULT_GGML_SUBDIR, "ggml",
+                            sha256=DEFAULT_SDIST_SHA256, progress=progress)
+    if not is_ggml_root(root):
+        raise SourceError(f"{root} (from {DEFAULT_DIST}=={DEFAULT_DIST_VERSION}) is not a ggml tree; "
+                          f"remove {root.parent} so that it is fetched again")
+    return root
+
+
+def fetch_sdist_tree(dist, version, subdir, name, sha256=None, progress=None):
+    """Fetch the sdist `dist==version` with pip (once) and keep only `subdir` of it, as
+    <cache>/sources/<dist>-<version>/<name>. Checked against `sha256` when given.
+
+    Also used by the tests to get the llama.cpp tree vendored by llama-cpp-python."""
     sources = cache_root() / "sources"
-    final = sources / f"{DEFAULT_DIST}-{DEFAULT_DIST_VERSION}"
-    root = final / "ggml"
-    if is_ggml_root(root):
-        return root
+    final = sources / f"{dist}-{version}"
+    tree = final / name
+    if tree.is_dir():
+        return tree
     with file_lock(sources / f"{final.name}.lock"):
-        if is_ggml_root(root):
-            return root
+        if tree.is_dir():
+            return tree
         sweep_stale_staging(sources, final.name)
         staging = new_staging_dir(final)
         try:
             if progress:
-                progress(f"fetching {DEFAULT_DIST}=={DEFAULT_DIST_VERSION} (sdist) with pip")
-            sdist = _pip_download_sdist(staging)
+                progress(f"fetching {dist}=={version} (sdist) with pip")
+            sdist = _pip_download_sdist(dist, version, staging)
             actual = sha256_of(sdist)
-            if actual != DEFAULT_SDIST_SHA256:
+            if sha256 and actual != sha256:
                 raise SourceError(f"{sdist.name}: sha256 {actual} does not match the pinned "
-                                  f"{DEFAULT_SDIST_SHA256}; refusing to build an unknown ggml")
-            _extract_vendored_ggml(sdist, staging / "ggml")
+                                  f"{sha256}; refusing to build an unknown ggml")
+            _extract_subdir(sdist, subdir, staging / name)
             sdist.unlink()
             if final.exists():
                 shutil.rmtree(final)
@@ -117,29 +160,30 @@ def default_ggml_root(progress=None):
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-    return root
+    return tree
 
 
-def _pip_download_sdist(dest):
+def _pip_download_sdist(dist, version, dest):
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-           "--disable-pip-version-check", "-d", str(dest), f"{DEFAULT_DIST}=={DEFAULT_DIST_VERSION}"]
+           "--disable-pip-version-check", "-d", str(dest), f"{dist}=={version}"]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sdist = Path(dest) / DEFAULT_SDIST
-    if proc.returncode != 0 or not sdist.is_file():
+    found = sorted(Path(dest).glob("*.tar.gz"))
+    if proc.returncode != 0 or len(found) != 1:
         tail = "\n".join(proc.stdout.splitlines()[-5:])
-        raise SourceError(f"could not fetch the default ggml ({' '.join(cmd[2:])}):\n{tail}\n"
+        raise SourceError(f"could not fetch {dist}=={version} ({' '.join(cmd[2:])}):\n{tail}\n"
                           "Give a local ggml or llama.cpp checkout with --gradgate-ggml-src PATH instead.")
-    return sdist
+    return found[0]
 
 
-def _extract_vendored_ggml(sdist, dest):
-    prefix = f"{DEFAULT_SDIST[:-len('.tar.gz')]}/{DEFAULT_GGML_SUBDIR}/"
+def _extract_subdir(sdist, subdir, dest):
+    """Extract only <top>/<subdir>/ of an sdist (regular files and folders, no links)."""
     dest = Path(dest)
     with tarfile.open(sdist) as tar:
-        for member in tar.getmembers():
-            if not member.name.startswith(prefix) or not (member.isfile() or member.isdir()):
+        for member in tar:
+            top, _, rest = member.name.partition("/")
+            if not rest.startswith(subdir.rstrip("/") + "/") or not (member.isfile() or member.isdir()):
                 continue
-            rel = member.name[len(prefix):]
+            rel = rest[len(subdir.rstrip("/")) + 1:]
             if not rel or rel.startswith("/") or ".." in Path(rel).parts:
                 continue
             target = dest / rel
@@ -149,5 +193,5 @@ def _extract_vendored_ggml(sdist, dest):
             target.parent.mkdir(parents=True, exist_ok=True)
             with tar.extractfile(member) as src, open(target, "wb") as out:
                 shutil.copyfileobj(src, out)
-    if not is_ggml_root(dest):
-        raise SourceError(f"{sdist.name} has no ggml tree under {DEFAULT_GGML_SUBDIR}/")
+    if not any(dest.rglob("*")):
+        raise SourceError(f"{sdist.name} has nothing under {subdir}/")
