@@ -6,6 +6,7 @@ the other cases of the file still load.
 """
 
 import re
+from math import prod
 from pathlib import Path
 
 import yaml
@@ -36,6 +37,7 @@ CASE_KEYS = {
     "timeout": "seconds before the case is killed (default: sized to the case)",
 }
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+BACKENDS = ("cpu", "cuda")
 INPUT_KEYS = {"type", "values", "shape", "init"}
 
 
@@ -48,6 +50,17 @@ class LoadedCase:
 
 def _key_lines(node):
     return {k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+
+
+def _graph_item_lines(node):
+    """YAML line of each item of a case's `graph:` list, so an error names its own line."""
+    for k, v in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.value == "graph" and isinstance(v, yaml.SequenceNode):
+            return [item.start_mark.line + 1 for item in v.value]
+    return []
+
+
+GRAPH_LINE_RE = re.compile(r"^graph line (\d+) ")
 
 
 def load_file(path, session_backends=("cpu",), builtin=False, text=None):
@@ -83,6 +96,7 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
                 raise CaseError("each case must be a mapping (name:, params:, graph:, ...)", path, line)
             merged = {**defaults, **raw}
             key_lines = _key_lines(node) if isinstance(node, yaml.MappingNode) else {}
+            key_lines["graph lines"] = _graph_item_lines(node) if isinstance(node, yaml.MappingNode) else []
             name = merged.get("name")
             if name in seen:
                 raise CaseError(f"duplicate case name '{name}' (first declared on line {seen[name]})", path,
@@ -101,6 +115,40 @@ def _number(value, key, where, positive=True):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and not value > 0):
         raise CaseError(f"'{key}' must be a positive number, got {value!r}", *where)
     return float(value)
+
+
+def _integer(value, key, where, minimum=0):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise CaseError(f"'{key}' must be an integer >= {minimum}, got {value!r}", *where)
+    return value
+
+
+def _is_range(value):
+    return (isinstance(value, list) and len(value) == 2 and
+            all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value) and value[0] < value[1])
+
+
+INIT_HELP = "[lo, hi] (uniform) or {abs: [lo, hi]} (uniform magnitude, random sign), lo < hi"
+INPUT_INITS = ("causal_mask", "probs")
+
+
+def _check_init(init, what, where, named=()):
+    ok = _is_range(init) or (isinstance(init, dict) and set(init) == {"abs"} and _is_range(init["abs"])
+                             and init["abs"][0] >= 0) or init in named
+    if not ok:
+        extra = f", or one of {', '.join(named)}" if named else ""
+        raise CaseError(f"{what}: init must be {INIT_HELP}{extra}; got {init!r}", *where)
+
+
+def _names(value, key, known, where, what):
+    """A name or a non-empty list of names, each among `known`."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise CaseError(f"'{key}' must be a name or a non-empty list of names among: {', '.join(known)}", *where)
+    for n in names:
+        if n not in known:
+            raise CaseError(f"unknown {what} '{n}'; known: {', '.join(known)}", *where)
+    return names
 
 
 def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), builtin=False):
@@ -123,8 +171,10 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
     if not isinstance(params, dict) or not params:
         raise CaseError("'params' must map at least one name to a shape, e.g. a: [4, 3]", *at("params"))
     for pname, shape in params.items():
-        if not isinstance(shape, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in shape):
-            raise CaseError(f"param '{pname}': shape must be a list of 1 to 4 integers, got {shape!r}", *at("params"))
+        if (not isinstance(shape, list) or not 1 <= len(shape) <= 4 or
+                not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in shape)):
+            raise CaseError(f"param '{pname}': shape must be a list of 1 to 4 positive integers (ne0 first), "
+                            f"got {shape!r}", *at("params"))
     inputs = raw.get("inputs") or {}
     if not isinstance(inputs, dict):
         raise CaseError("'inputs' must map names to {type:, values:} or {type:, shape:, init:}", *at("inputs"))
@@ -132,23 +182,35 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
         if not isinstance(spec, dict) or set(spec) - INPUT_KEYS or ("values" not in spec and "shape" not in spec):
             raise CaseError(f"input '{iname}' must be {{type: i32|f32, values: [...]}} or "
                             "{type: f32, shape: [...], init: ...}", *at("inputs"))
-        if spec.get("type", "f32") not in ("i32", "f32"):
-            raise CaseError(f"input '{iname}': type must be i32 or f32, got {spec.get('type')!r}", *at("inputs"))
+        kind = spec.get("type", "f32")
+        if kind not in ("i32", "f32"):
+            raise CaseError(f"input '{iname}': type must be i32 or f32, got {kind!r}", *at("inputs"))
+        shape = spec.get("shape")
+        if shape is not None and (not isinstance(shape, list) or not 1 <= len(shape) <= 4 or
+                                  not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in shape)):
+            raise CaseError(f"input '{iname}': shape must be a list of 1 to 4 positive integers, got {shape!r}",
+                            *at("inputs"))
+        if "values" in spec:
+            values = spec["values"]
+            number = int if kind == "i32" else (int, float)
+            if not isinstance(values, list) or not values or not all(
+                    isinstance(v, number) and not isinstance(v, bool) for v in values):
+                raise CaseError(f"input '{iname}': values must be a non-empty list of "
+                                f"{'integers' if kind == 'i32' else 'numbers'}", *at("inputs"))
+            if shape is not None and len(values) != prod(shape):
+                raise CaseError(f"input '{iname}': {len(values)} values do not fill shape {shape} "
+                                f"({prod(shape)} elements)", *at("inputs"))
+        elif kind == "i32":
+            raise CaseError(f"input '{iname}': an i32 input needs its values (row indices, positions)",
+                            *at("inputs"))
+        if "init" in spec:
+            _check_init(spec["init"], f"input '{iname}'", at("inputs"), INPUT_INITS)
     clash = set(params) & set(inputs)
     if clash:
         raise CaseError(f"{sorted(clash)} declared both as params and inputs", *at("inputs"))
 
-    consumers = raw.get("consumers", list(DEFAULT_CONSUMERS))
-    if isinstance(consumers, str):
-        consumers = [consumers]
-    for c in consumers:
-        if c not in CONSUMERS:
-            raise CaseError(f"unknown consumer '{c}'; known: {', '.join(CONSUMERS)}", *at("consumers"))
-    losses = raw.get("loss", "sqr")
-    losses = [losses] if isinstance(losses, str) else losses
-    for lo in losses:
-        if lo not in LOSSES:
-            raise CaseError(f"unknown loss '{lo}'; known: {', '.join(LOSSES)}", *at("loss"))
+    consumers = _names(raw.get("consumers", list(DEFAULT_CONSUMERS)), "consumers", list(CONSUMERS), at("consumers"), "consumer")
+    losses = _names(raw.get("loss", "sqr"), "loss", list(LOSSES), at("loss"), "loss")
     eps = _number(raw.get("eps", DEFAULT_EPS), "eps", at("eps"))
     max_maa = _number(raw.get("max_maa", DEFAULT_MAX_MAA), "max_maa", at("max_maa"))
     if max_maa >= 1:
@@ -161,24 +223,35 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
     if mode not in ("full", "fast"):
         raise CaseError(f"'mode' must be full or fast, got {mode!r}", *at("mode"))
     wanted = raw.get("backends")
-    wanted = [wanted] if isinstance(wanted, str) else wanted
-    for b in wanted or ():
-        if b not in ("cpu", "cuda"):
-            raise CaseError(f"unknown backend '{b}'; known: cpu, cuda", *at("backends"))
+    if wanted is not None:
+        wanted = _names(wanted, "backends", list(BACKENDS), at("backends"), "backend")
     backends = [b for b in session_backends if wanted is None or b in wanted]
+    seed = _integer(raw.get("seed", 0), "seed", at("seed"))
+    directions = _integer(raw.get("directions", 6), "directions", at("directions"), minimum=1)
+    timeout = _number(raw["timeout"], "timeout", at("timeout")) if "timeout" in raw else 0.0
+    init = raw.get("init") or {}
+    if not isinstance(init, dict):
+        raise CaseError(f"'init' must map param names to {INIT_HELP}", *at("init"))
+    for pname, spec in init.items():
+        if pname not in params:
+            raise CaseError(f"init names '{pname}', which is not a param (params: {', '.join(params)})", *at("init"))
+        _check_init(spec, f"param '{pname}'", at("init"))
 
-    template = Case(name=name, graph=raw["graph"], params=params, inputs=inputs, init=raw.get("init") or {},
-                    eps=eps, stencil=stencil, max_maa=max_maa, seed=int(raw.get("seed", 0)), mode=mode,
-                    directions=int(raw.get("directions", 6)), timeout=float(raw.get("timeout", 0)),
+    template = Case(name=name, graph=raw["graph"], params=params, inputs=inputs, init=init,
+                    eps=eps, stencil=stencil, max_maa=max_maa, seed=seed, mode=mode,
+                    directions=directions, timeout=timeout,
                     builtin=builtin, origin={"path": str(path), "line": line})
     try:
         parse_graph(raw["graph"])
         out_shape = infer_shapes(template)
     except CaseError as exc:
-        raise CaseError(str(exc), *at("graph")) from None
-    for pname, init in template.init.items():
-        if pname not in params:
-            raise CaseError(f"init names '{pname}', which is not a param", *at("init"))
+        # point at the offending line of a multi-line graph, else at `graph:`
+        where = at("graph")
+        found = GRAPH_LINE_RE.match(str(exc))
+        item_lines = key_lines.get("graph lines") or []
+        if found and isinstance(raw["graph"], list) and int(found.group(1)) <= len(item_lines):
+            where = (path, item_lines[int(found.group(1)) - 1])
+        raise CaseError(str(exc), *where) from None
     for c in consumers:
         why = check_consumer(c, out_shape)
         if why:
