@@ -4,8 +4,15 @@
         gradgate.check("concat(a, b, dim=1)", params={"a": [4, 3, 5, 1], "b": [4, 2, 5, 1]},
                        consumer="permute_0213_transpose")
 
-`check` fails the test when the case does not pass; `run` only returns the result.
+`check` fails the test when the case does not pass; `run` only returns the result. Both
+take the keys of a YAML case (inputs=, init=, loss=, eps=, max_maa=, ...), with `consumer`
+and `backend` in the singular: one call is one case. A case declared here is a user's case:
+an op without a backward in the ggml under test fails it (the built-in suite skips instead).
 """
+
+import re
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,9 +20,12 @@ from .errors import CaseError
 from .loader import build_cases
 from .report_text import format_result
 
+_HERE = str(Path(__file__).resolve())
+
 
 class CheckResult:
-    """A Result with `.ok` and a readable `.report()`; other attributes pass through."""
+    """A Result with `.ok` and a readable `.report()`; other attributes (status, maa, cosine,
+    power, diagnosis, params, ...) pass through to the Result."""
 
     def __init__(self, result):
         self.result = result
@@ -30,8 +40,19 @@ class CheckResult:
     def report(self):
         return format_result(self.result)
 
+    def __str__(self):
+        return self.report()
+
     def __repr__(self):
         return f"<CheckResult {self.result.case_id} {self.result.status} maa={self.result.maa}>"
+
+
+def _caller_line(default):
+    """The line of the test code that called check()/run(), for reports and `declared at`."""
+    frame = sys._getframe(1)
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()) == _HERE:
+        frame = frame.f_back
+    return frame.f_lineno if frame is not None else default
 
 
 class Checker:
@@ -39,28 +60,44 @@ class Checker:
         self._request = request
         self._count = 0
 
-    def _case(self, graph, params, name=None, consumer="none", **fields):
+    def _case(self, graph, params, name=None, consumer="none", backend=None, **fields):
         from .plugin import state_of
         state = state_of(self._request.config)
+        node = self._request.node
         self._count += 1
-        raw = {"name": name or f"{self._request.node.name.replace('[', '_').replace(']', '')}-{self._count}",
-               "graph": graph, "params": params, "consumers": [consumer], **fields}
-        cases = build_cases(raw, path=str(self._request.node.path), line=self._request.node.reportinfo()[1] + 1,
-                            session_backends=state.backends)
+        if name is None:
+            # test ids may hold spaces or brackets; case names may not
+            name = re.sub(r"[^A-Za-z0-9_.\-]+", "_", node.name).strip("_") + f"-{self._count}"
+        raw = {"name": name, "graph": graph, "params": params, "consumers": [consumer], **fields}
+        if backend is not None:
+            raw["backends"] = [backend]
+        try:
+            cases = build_cases(raw, path=str(node.path), line=_caller_line(node.reportinfo()[1] + 1),
+                                session_backends=state.backends)
+        except CaseError as exc:
+            pytest.fail(f"invalid gradgate check: {exc}", pytrace=False)
         if not cases:
-            raise CaseError(f"no backend of this session ({', '.join(state.backends)}) is in {fields.get('backends')}")
+            pytest.fail(f"invalid gradgate check: backend {backend!r} is not built in this session "
+                        f"(--gradgate-backend gives {', '.join(state.backends)})", pytrace=False)
         return state, cases[0]
 
     def run(self, graph, params, **fields):
         """Run one check in isolation and return its CheckResult (never fails the test)."""
         state, case = self._case(graph, params, **fields)
         result = state.runner().run(case)
-        state.results.append(result.to_dict())
+        node = self._request.node
+        # the plugin puts item.gradgate_result on the report (JSON/HTML outputs, summary);
+        # with several checks in one test, the first that did not pass is the one to show
+        shown = getattr(node, "gradgate_result", None)
+        if shown is None or shown.status == "passed":
+            node.gradgate_result = result
         return CheckResult(result)
 
     def check(self, graph, params, **fields):
         """Like run(), but a check that does not pass fails the test with its report."""
         res = self.run(graph, params, **fields)
+        if res.status == "skipped":     # e.g. the backend does not support an op
+            pytest.skip(res.message)
         if not res.ok:
             pytest.fail(res.report(), pytrace=False)
         return res
