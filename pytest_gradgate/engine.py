@@ -128,9 +128,11 @@ def run_case(case, lib, phase=lambda name: None, n_threads=1):
             else:
                 g.values.append((t, make_values(g.rng, input_shape(spec), spec.get("init", (-1.0, 1.0)))))
         y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p))
-        z = CONSUMERS[case.consumer].build(g, y)
+        # an op whose output is a view (transpose, permute) would reach the loss's sqr kernel
+        # non-contiguous, which ggml's CPU unary kernels reject; the cont makes the gradient
+        # reach the op contiguous, which is what consumer `none` means
+        z = g.contiguous(CONSUMERS[case.consumer].build(g, y))
         loss = LOSSES[case.loss].build(g, z)
-        n_loss_terms = int(np.prod(g.layout(z)[0]))
 
         phase("build-backward")
         gf = lib.gg_graph_forward(g.ctx, loss, GRAPH_SIZE)
@@ -157,6 +159,7 @@ def run_case(case, lib, phase=lambda name: None, n_threads=1):
             return result.finish("error", "compute", message=f"backward compute failed (ggml_status {status})",
                                  started=started)
         loss_value = float(lib.gg_read_scalar(loss))
+        loss_scale = LOSSES[case.loss].scale(g, z, loss_value, lambda t: read_tensor(g, t))
         analytic = {}
         for name, t in params.items():
             n = int(np.prod(ne4(case.params[name])))
@@ -165,7 +168,7 @@ def run_case(case, lib, phase=lambda name: None, n_threads=1):
         phase("numeric")
         checks = {}
         for name, t in params.items():
-            checks[name] = _numeric(g, session, gf, t, loss, case, analytic[name], loss_value, n_loss_terms)
+            checks[name] = _numeric(g, session, gf, t, loss, case, analytic[name], loss_scale)
 
         phase("compare")
         _compare(result, case, checks)
@@ -177,7 +180,7 @@ def run_case(case, lib, phase=lambda name: None, n_threads=1):
         lib.gg_ctx_free(g.ctx)
 
 
-def _numeric(g, session, gf, t, loss, case, analytic, loss_value, n_loss_terms):
+def _numeric(g, session, gf, t, loss, case, analytic, loss_scale):
     """(analytic, numeric, noise) for one param, element-wise or along directions (fast mode)."""
     lib, ffi = g.lib, g.ffi
     n = analytic.size
@@ -193,7 +196,7 @@ def _numeric(g, session, gf, t, loss, case, analytic, loss_value, n_loss_terms):
                                 ffi.from_buffer("double[]", d_h), ffi.from_buffer("double[]", d_half) if precise else ffi.NULL)
         _check_status(st)
         numeric = (4 * d_half - d_h) / 3 if precise else d_h
-        noise = metrics.numeric_noise(loss_value, n_loss_terms, h, d_h, numeric if precise else None)
+        noise = metrics.numeric_noise(loss_scale, h, d_h, numeric if precise else None)
         return {"analytic": dirs.astype(np.float64) @ analytic, "numeric": numeric, "noise": noise,
                 "directions": dirs}
     g_h = np.empty(n)
@@ -202,7 +205,7 @@ def _numeric(g, session, gf, t, loss, case, analytic, loss_value, n_loss_terms):
                              ffi.from_buffer("double[]", g_half) if precise else ffi.NULL)
     _check_status(st)
     numeric = (4 * g_half - g_h) / 3 if precise else g_h
-    noise = metrics.numeric_noise(loss_value, n_loss_terms, h, g_h, numeric if precise else None)
+    noise = metrics.numeric_noise(loss_scale, h, g_h, numeric if precise else None)
     return {"analytic": analytic, "numeric": numeric, "noise": noise}
 
 
@@ -244,7 +247,7 @@ def _compare(result, case, checks):
     result.status = "failed"
     first = next(m for m in result.params if not m["passed"])
     diagnosis = first["diagnosis"]
-    if len(checks) > 1 and not diagnosis.startswith(("right values", "analytic gradient has")):
+    if len(checks) > 1 and not diagnosis.startswith(("right values", "analytic gradient has", "the loss")):
         # a backward that slices the gradient at wrong offsets scrambles values *across* params
         a = np.concatenate([c["analytic"] for c in checks.values()])
         n = np.concatenate([c["numeric"] for c in checks.values()])
@@ -253,6 +256,10 @@ def _compare(result, case, checks):
         joint = metrics.diagnose(a, n, noise, combined, case.max_maa)
         if joint.startswith("right values"):
             diagnosis = joint + " (across params " + ", ".join(checks) + ")"
+    if case.consumer != "none" and diagnosis.startswith(("values disagree", "wrong scale", "wrong sign")):
+        # the usual cause when only a non-contiguous consumer fails: the backward ignores grad's strides
+        diagnosis += (f"; the gradient reaches the op through consumer '{case.consumer}' (non-contiguous): "
+                      "if consumer 'none' passes, the backward reads the incoming gradient ignoring its strides")
     result.diagnosis = f"{first['name']}: {diagnosis}"
     result.message = (f"{case.id}: MAA {first['maa']:.3g} > limit {first.get('limit', case.max_maa):.3g} "
                       f"for param {first['name']}; {diagnosis}")

@@ -1,0 +1,184 @@
+"""The engine on real ggml builds: MAA, NaN handling, gradients that are views, stencils,
+diagnosis kinds, phases and power. Array-level checks of the same rules: test_metrics.py."""
+
+import numpy as np
+import pytest
+
+from pytest_gradgate.build import BuildOptions, ensure_build
+from pytest_gradgate.case import Case
+from pytest_gradgate.engine import GRAPH_SIZE, GraphBuilder, read_tensor, run_case, write_tensor
+from pytest_gradgate.isolation import Runner
+from pytest_gradgate.variants import copy_tree, replace_once
+
+from test_metrics import mean_abs_asymm
+
+
+def case(graph, params, **kw):
+    return Case(name="t", graph=graph, params=params, **kw)
+
+
+@pytest.fixture(scope="module")
+def runner(default_build):
+    r = Runner(default_build.library, isolate="case")
+    yield r
+    r.close()
+
+
+# ---------------------------------------------------------------- MAA and what never passes
+
+def test_maa_of_a_real_failure_is_test_backend_ops_mean_abs_asymm(lib):
+    """SILU's CPU backward reads a transposed incoming gradient as if it were contiguous (it only
+    assert()s, and Release builds drop that): a real failure on the default ggml. The MAA we report
+    is test-backend-ops' mean_abs_asymm of the values we report."""
+    r = run_case(case("silu(a)", {"a": [4, 3, 2]}, consumer="transpose"), lib)
+    assert r.status == "failed" and r.maa > 0.1
+    p = r.params[0]
+    assert p["excluded"] == {} and p["n_compared"] == 24
+    assert r.maa == pytest.approx(mean_abs_asymm(p["numeric_values"], p["analytic_values"]), rel=1e-5)
+    assert "consumer 'transpose'" in r.diagnosis       # says where to look
+    assert run_case(case("silu(a)", {"a": [4, 3, 2]}), lib).status == "passed"
+
+
+@pytest.mark.parametrize("graph", ["sqrt(a)", "log(a)"])
+def test_nan_gradients_fail_with_a_reason(lib, graph):
+    """Inputs out of the op's domain make the loss and both gradients NaN; test-backend-ops'
+    `NaN > limit` comparison would pass that. We fail it and say why."""
+    r = run_case(case(graph, {"a": [4, 3]}, init={"a": [-1.0, -0.5]}), lib)
+    assert r.status == "failed" and r.n_compared == 0
+    assert "not finite" in r.diagnosis and "init range" in r.diagnosis
+    assert r.maa == float("inf")
+
+
+def test_both_zero_elements_are_left_out_and_counted(lib):
+    """relu of negative inputs: both gradients are exactly 0 there. Counted, not averaged as 0/0."""
+    r = run_case(case("relu(a)", {"a": [4, 3]}, init={"a": {"abs": [0.2, 1.0]}}), lib)
+    assert r.status == "passed"
+    p = r.params[0]
+    n_zero = p["excluded"]["both zero within numeric noise"]
+    assert 0 < n_zero < 12 and p["n_compared"] == 12 - n_zero
+
+
+# ---------------------------------------------------------------- gradients that are views
+
+def test_a_gradient_that_is_a_view_is_read_through_its_strides(lib):
+    """The gradient of a param consumed through transpose is ggml's TRANSPOSE view of the incoming
+    gradient (nb0 = a whole row). Read through its strides it is 2a; read as flat memory it is a
+    permutation of 2a, which is what a harness that ignored strides would compare."""
+    c = case("transpose(a)", {"a": [4, 3]})
+    assert run_case(c, lib).status == "passed"
+
+    g = GraphBuilder(lib, c, 64)
+    session = None
+    try:
+        a = g.new_tensor([4, 3], name="a")
+        lib.ggml_set_param(a)
+        loss = lib.ggml_sum(g.ctx, lib.ggml_sqr(g.ctx, lib.ggml_cont(g.ctx, lib.ggml_transpose(g.ctx, a))))
+        gf = lib.gg_graph_forward(g.ctx, loss, GRAPH_SIZE)
+        gb = lib.gg_graph_backward(g.ctx, gf, GRAPH_SIZE)
+        grad = lib.ggml_graph_get_grad(gb, a)
+        ne, nb = g.layout(grad)
+        assert g.ffi.string(lib.gg_tensor_op_name(grad)) == b"TRANSPOSE"
+        assert ne[:2] == [4, 3] and nb[:2] == [12, 4]            # a view, not contiguous
+        session = lib.gg_session_new(b"cpu", 1, g.ffi.new("char[256]"), 256)
+        assert lib.gg_session_alloc(session, g.ctx)
+        x = np.arange(1, 13, dtype=np.float32)
+        write_tensor(g, a, x)
+        lib.ggml_graph_reset(gb)
+        assert lib.gg_session_compute(session, gb) == 0
+        assert np.allclose(read_tensor(g, grad), 2 * x)
+        flat = np.empty(lib.gg_tensor_nbytes(grad), dtype=np.uint8)
+        lib.gg_tensor_read(grad, g.ffi.from_buffer(flat), 0, flat.size)
+        assert not np.allclose(flat.view(np.float32), 2 * x)
+    finally:
+        if session is not None:
+            lib.gg_session_free(session)
+        lib.gg_ctx_free(g.ctx)
+
+
+# ---------------------------------------------------------------- stencils
+
+def test_two_point_stencil_is_exact_on_a_quadratic_loss(lib):
+    for stencil in (2, 4):
+        r = run_case(case("scale(a, 2.5)", {"a": [4, 3, 2]}, stencil=stencil), lib)
+        assert r.status == "passed" and r.maa < 1e-4
+
+
+def test_two_point_stencil_truncation_shows_as_a_scale_and_a_smaller_eps_cures_it(lib):
+    """sum(exp(a)^2) with h = 0.1: the 2-point estimate is off by h^2 f'''/(6 f') = 0.67% on every
+    element; it has no second step to estimate that from, so the case fails (as a uniform scale).
+    The 4-point stencil removes the h^2 term; h = 0.01 shrinks it below the limit."""
+    two = run_case(case("exp(a)", {"a": [4, 3, 2]}, stencil=2, eps=0.1), lib)
+    assert two.status == "failed" and two.diagnosis.startswith("a: wrong scale: analytic = 0.993")
+    assert run_case(case("exp(a)", {"a": [4, 3, 2]}, stencil=4, eps=0.1), lib).status == "passed"
+    assert run_case(case("exp(a)", {"a": [4, 3, 2]}, stencil=2, eps=0.01), lib).status == "passed"
+
+
+# ---------------------------------------------------------------- power
+
+def test_power_sqr_loss_has_it_sum_loss_on_a_linear_op_is_blind(lib):
+    sqr = run_case(case("scale(a, 2.5)", {"a": [4, 3, 2]}, loss="sqr"), lib)
+    assert sqr.status == "passed" and sqr.power is True
+    blind = run_case(case("scale(a, 2.5)", {"a": [4, 3, 2]}, loss="sum"), lib)
+    assert blind.status == "passed" and blind.power is False
+    assert blind.diagnosis.startswith("blind") and blind.blind_params == ["a"]
+
+
+# ---------------------------------------------------------------- phases, crashes, no backward
+
+def test_phase_done_when_compared(lib):
+    assert run_case(case("sqr(a)", {"a": [4, 3]}), lib).phase == "done"
+
+
+def test_no_backward_is_reported_as_such(runner):
+    """ggml 0.15.3 has no REGLU backward: ggml_build_backward_expand aborts. In isolation that is
+    one result with the op named, not a dead run."""
+    r = runner.run(case("reglu(a)", {"a": [4, 3, 2]}))
+    assert r.status == "crashed" and r.phase == "build-backward" and r.no_backward
+    assert r.diagnosis == "no backward for REGLU in this ggml"
+
+
+def test_crash_in_compute_names_ggmls_assertion(runner):
+    """SQRT's backward divides the incoming gradient (src0 of DIV); the CPU DIV kernel asserts a
+    contiguous src0, so a transposed incoming gradient aborts the backward compute."""
+    r = runner.run(case("sqrt(a)", {"a": [4, 3, 2]}, init={"a": [0.3, 1.0]}, consumer="transpose"))
+    assert r.status == "crashed" and r.phase == "compute" and r.signal == "SIGABRT"
+    assert "GGML_ASSERT(nb00 == sizeof(src0_t))" in r.message
+
+
+# ---------------------------------------------------------------- a real wrong backward
+
+# One patched ggml with three backward bugs of the kinds ggml has had (GGML-BACKWARD-NOTES.md):
+# SCALE's backward scales by 2s (wrong scale), RELU's subtracts (wrong sign, as RELU once did),
+# SIN's multiplies the incoming gradient by 0 (drops it).
+WRONG_BACKWARD_PATCHES = [
+    ("ggml_scale_impl(ctx, grad, s, 0.0, false)", "ggml_scale_impl(ctx, grad, 2.0f*s, 0.0, false)"),
+    ("ggml_add_or_set(ctx, cgraph, isrc0, ggml_mul(ctx, ggml_step(ctx, src0), grad));",
+     "ggml_sub_or_set(ctx, cgraph, isrc0, ggml_mul(ctx, ggml_step(ctx, src0), grad));"),
+    ("ggml_add_or_set(ctx, cgraph, isrc0, ggml_mul(ctx, grad, ggml_cos(ctx, src0)));",
+     "ggml_add_or_set(ctx, cgraph, isrc0, ggml_scale(ctx, ggml_mul(ctx, grad, ggml_cos(ctx, src0)), 0.0f));"),
+]
+
+WRONG_BACKWARD_CASES = [
+    (case("scale(a, 2.5)", {"a": [4, 3, 2]}), "a: wrong scale: analytic = 2 x numeric"),
+    (case("relu(a)", {"a": [4, 3, 2]}, init={"a": {"abs": [0.2, 1.0]}}), "a: wrong sign: analytic = -numeric"),
+    (case("sin(a)", {"a": [4, 3, 2]}), "a: analytic gradient is zero where the numeric one is not"),
+]
+
+
+@pytest.fixture(scope="module")
+def wrong_backward_runner(tmp_path_factory, default_ggml):
+    root = copy_tree(default_ggml, tmp_path_factory.mktemp("wrong-backward") / "ggml")
+    for old, new in WRONG_BACKWARD_PATCHES:
+        replace_once(root / "src" / "ggml.c", old, new)
+    r = Runner(ensure_build(root, BuildOptions()).library, isolate="case")
+    yield r
+    r.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("c, diagnosis", WRONG_BACKWARD_CASES, ids=["scale", "relu", "sin"])
+def test_a_real_wrong_backward_is_caught_and_named(wrong_backward_runner, lib, c, diagnosis):
+    assert run_case(c, lib).status == "passed"                   # the default ggml is right
+    r = wrong_backward_runner.run(c)
+    assert r.status == "failed" and r.maa > 0.1
+    assert r.diagnosis.startswith(diagnosis)

@@ -1,0 +1,120 @@
+"""metrics.py on arrays: MAA as test-backend-ops, what never passes, the noise bound, the
+diagnosis kinds and power. The same checks on real ggml gradients are in test_engine.py."""
+
+import numpy as np
+import pytest
+
+from pytest_gradgate import metrics
+
+LIMIT = 1e-4
+
+
+def mean_abs_asymm(a, b):
+    """test-backend-ops' mean_abs_asymm (tests/test-backend-ops.cpp), transliterated:
+    float arithmetic per element, double sum, no exclusions."""
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        asymm = (a - b) / (a + b)
+    return float(np.abs(asymm).astype(np.float64).sum() / a.size)
+
+
+def gradient(n=60, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.uniform(-2, 2, n) + np.sign(rng.uniform(-1, 1, n)) * 0.1   # no element near 0
+
+
+def test_maa_is_test_backend_ops_mean_abs_asymm():
+    n = gradient()
+    a = n * (1 + np.random.default_rng(1).normal(0, 1e-3, n.size))
+    m = metrics.compare(a, n, 0.0, LIMIT)
+    assert m["n_compared"] == n.size and not m["excluded"]
+    assert m["maa"] == pytest.approx(mean_abs_asymm(n, a), rel=1e-5)
+
+
+def test_elements_both_zero_are_left_out_and_counted():
+    """test-backend-ops computes 0/0 = NaN for them, its mean is NaN and `NaN > 1e-4` is false:
+    it passes. We leave them out, say how many, and compare the rest."""
+    n = gradient()
+    n[:7] = 0.0
+    a = n.copy()
+    a[10] *= 3                                   # one real error among the non-zero elements
+    assert np.isnan(mean_abs_asymm(n, a))        # the reference harness: NaN, which passes
+    m = metrics.compare(a, n, 0.0, LIMIT)
+    assert m["excluded"] == {"both zero within numeric noise": 7}
+    assert m["n_compared"] == n.size - 7
+    assert not m["passed"]
+    assert m["maa"] == pytest.approx(mean_abs_asymm(n[7:], a[7:]), rel=1e-5)
+
+
+@pytest.mark.parametrize("side", ["analytic", "numeric"])
+def test_a_nan_never_passes(side):
+    n = gradient()
+    a = n.copy()
+    (a if side == "analytic" else n)[3] = np.nan
+    m = metrics.compare(a, n, 0.0, LIMIT)
+    assert not m["passed"] and m["maa"] == float("inf") and m["n_compared"] == 0
+    text = metrics.diagnose(a, n, 0.0, m, LIMIT)
+    assert ("analytic gradient has 1 non-finite" in text) if side == "analytic" else ("not finite" in text)
+    assert m["first_nonfinite"] == [3, 0, 0, 0]
+
+
+def test_numeric_noise_two_point_is_roundoff_only():
+    noise = metrics.numeric_noise(10.0, 0.1, np.ones(5))
+    assert np.allclose(noise, metrics.F32_EPS * 10.0 / 0.1)
+
+
+def test_numeric_noise_four_point():
+    g_h = np.array([1.0, 1.0, 1.0])
+    g4 = np.array([1.0, 1.01, -1.0])   # exact, a smooth curve (gap 1% of g), a kink (gap > |g|)
+    noise = metrics.numeric_noise(1.0, 0.1, g_h, g4)
+    roundoff = 3 * metrics.F32_EPS / 0.1
+    assert noise[0] == pytest.approx(roundoff)
+    assert noise[1] == pytest.approx(roundoff + 0.01 * (0.01 / 1.01))   # next Richardson term: gap^2/|g|
+    assert noise[2] == pytest.approx(roundoff + 2.0)                  # capped at the whole gap
+
+
+def test_noise_is_per_element_so_a_few_noisy_elements_cannot_hide_a_wrong_scale():
+    """Regression for the first noise model, which added the *mean* noise to the limit: ten
+    elements with a big error bar raised the limit for all of them, and a 1% scale error passed."""
+    n = gradient(100)
+    noise = np.full(n.size, 1e-9)
+    noise[:10] = 10.0
+    m = metrics.compare(1.01 * n, n, noise, LIMIT)
+    assert not m["passed"]
+    assert m["limit"] < 1e-3
+    # while the noisy elements themselves are forgiven
+    a = n.copy()
+    a[:10] *= 1.5
+    assert metrics.compare(a, n, noise, LIMIT)["passed"]
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda n: n[np.random.default_rng(3).permutation(n.size)], "right values at wrong positions"),
+    (lambda n: 2.0 * n, "wrong scale: analytic = 2 x numeric"),
+    (lambda n: -n, "wrong sign: analytic = -numeric"),
+    (lambda n: np.zeros_like(n), "analytic gradient is zero where the numeric one is not"),
+    (lambda n: n + np.random.default_rng(4).normal(0, 1, n.size), "values disagree"),
+])
+def test_diagnosis_kinds(make, expected):
+    n = gradient()
+    a = make(n)
+    m = metrics.compare(a, n, 1e-9, LIMIT)
+    assert not m["passed"]
+    assert metrics.diagnose(a, n, 1e-9, m, LIMIT).startswith(expected)
+
+
+def test_power_scrambled_gradient_must_fail():
+    n = gradient()
+    assert metrics.has_power(n, n, 1e-9, LIMIT)
+    ones = np.ones(40)                       # SUM loss on a linear op: every element the same
+    assert not metrics.has_power(ones, ones, 1e-9, LIMIT)
+
+
+def test_worst_elements_are_reported_with_ggml_indices():
+    n = gradient(24)
+    a = n.copy()
+    a[13] += 5.0
+    m = metrics.compare(a, n, 1e-9, LIMIT, shape_ne=[4, 3, 2, 1])
+    assert m["worst"][0]["index"] == [1, 0, 1, 0]       # 13 = 1 + 0*4 + 1*12
+    assert m["worst"][0]["analytic"] == pytest.approx(a[13])
