@@ -3,7 +3,8 @@
 A crash, a timeout, a worker that will not start: each becomes an ordinary Result with
 status crashed/timeout/error, the phase, the signal and ggml's message, so pytest reports
 it like any failure. Dead workers are replaced. A run whose workers keep dying before any
-case gets going (the library cannot load, say) is stopped by the caller via CrashCap.
+case gets going (the library cannot load, say) is stopped by the caller (plugin.py, the
+crash cap); a library that cannot load at all is marked BROKEN_BUILD so it stops at once.
 """
 
 import json
@@ -17,12 +18,26 @@ import time
 
 from .engine import run_case
 from .result import Result, explain_crash, ggml_message
+from .worker import stderr_excerpt
 
 ISOLATE_MODES = ("case", "worker", "none")
+# the diagnosis of a case whose worker could not load the library: no case can run
+BROKEN_BUILD = "broken build: the worker cannot load the library, so no case can run"
+# seconds the parent waits beyond a case's timeout for the worker to report it (isolate=case:
+# the worker kills the child itself and then answers)
+REPLY_GRACE = 10.0
+START_TIMEOUT = 120.0
+
+
+class WorkerGone(Exception):
+    """The worker was dead before it got the request: nothing of the case ran yet."""
 
 
 class WorkerStartError(Exception):
-    pass
+    def __init__(self, reason, broken_build=False, stderr=""):
+        super().__init__(reason)
+        self.broken_build = broken_build
+        self.stderr = stderr
 
 
 def default_timeout(case):
@@ -35,30 +50,59 @@ def default_timeout(case):
     return 30.0 + forwards * 0.005
 
 
+def format_size(n):
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
 class Worker:
     """One worker process (library loaded once) and its stderr file."""
 
-    def __init__(self, library, env=None):
+    def __init__(self, library, backtrace=False):
         self.stderr_file = tempfile.NamedTemporaryFile(prefix="gradgate-worker-", suffix=".log", delete=False)
-        child_env = dict(os.environ if env is None else env)
-        child_env.setdefault("GGML_NO_BACKTRACE", "1")
+        env = dict(os.environ)
+        if backtrace:
+            env.pop("GGML_NO_BACKTRACE", None)
+        else:
+            env["GGML_NO_BACKTRACE"] = "1"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pytest_gradgate.worker", str(library)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr_file,
-            env=child_env, bufsize=0)
+            env=env, bufsize=0)
         self._buffer = b""
-        hello = self._read_message(timeout=120)
-        if hello is None or "ready" not in hello:
-            reason = (hello or {}).get("fatal") or self.stderr_tail() or "worker exited during start-up"
-            self.close()
-            raise WorkerStartError(reason)
-        self.ggml_version = hello["ready"]
-
-    def stderr_tail(self, limit=4000):
+        self._stderr_start = 0
+        phase, hello = "startup", None
         try:
-            with open(self.stderr_file.name, "rb") as handle:
-                data = handle.read()
-            return data[-limit:].decode(errors="replace")
+            while hello is None or "phase" in hello:
+                phase = hello["phase"] if hello else phase
+                hello = self._read_message(timeout=START_TIMEOUT)
+                if hello is None:
+                    break
+        except TimeoutError:
+            hello = {"fatal": f"the worker did not report ready within {START_TIMEOUT:.0f} s"}
+        if hello is None or "ready" not in hello:
+            fatal = (hello or {}).get("fatal")
+            if hello is None:
+                code = self.proc.wait()
+                how = signal.Signals(-code).name if code < 0 else f"exit code {code}"
+                died = f"the worker died ({how}) while in phase {phase}"
+                if phase == "load-library":
+                    fatal = f"{died}: cannot load {library}"
+                reason = fatal or f"{died}: {self.stderr_tail().strip() or 'no output'}"
+            else:
+                reason = fatal
+            stderr = self.stderr_tail()
+            self.close()
+            raise WorkerStartError(reason, broken_build=bool(fatal), stderr=stderr)
+        self.ggml_version = hello["ready"]
+        self.baseline_rss = hello.get("rss", 0)
+
+    def stderr_tail(self):
+        """The worker's stderr since the current request began (earlier cases left out)."""
+        try:
+            return stderr_excerpt(self.stderr_file.fileno(), self._stderr_start)
         except OSError:
             return ""
 
@@ -82,15 +126,19 @@ class Worker:
     def alive(self):
         return self.proc.poll() is None
 
-    def request(self, payload, timeout):
-        """Send one case; returns (reply or None if the worker died, last phase, timed_out)."""
-        self.proc.stdin.write((json.dumps(payload) + "\n").encode())
-        self.proc.stdin.flush()
+    def request(self, payload, deadline_s):
+        """Send one case; returns (reply or None if the worker died or hung, last phase, timed_out)."""
+        self._stderr_start = os.fstat(self.stderr_file.fileno()).st_size
+        try:
+            self.proc.stdin.write((json.dumps(payload) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:  # it died after its last case (killed from outside, say)
+            raise WorkerGone from None
         phase = "startup"
-        deadline = time.monotonic() + timeout + 10  # the worker enforces the timeout on forked children
+        deadline = time.monotonic() + deadline_s
         while True:
             try:
-                msg = self._read_message(max(0.1, deadline - time.monotonic()))
+                msg = self._read_message(max(0.05, deadline - time.monotonic()))
             except TimeoutError:
                 return None, phase, True
             if msg is None:
@@ -108,6 +156,11 @@ class Worker:
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
         self.stderr_file.close()
         try:
             os.unlink(self.stderr_file.name)
@@ -126,6 +179,7 @@ class Runner:
         self.timeout = timeout
         self.worker = None
         self.lib = None
+        self.workers_started = 0
 
     def close(self):
         if self.worker:
@@ -136,7 +190,9 @@ class Runner:
         if self.worker is None or not self.worker.alive():
             if self.worker:
                 self.worker.close()
-            self.worker = Worker(self.library)
+            self.worker = None
+            self.worker = Worker(self.library, backtrace=self.backtrace)
+            self.workers_started += 1
         return self.worker
 
     def run(self, case):
@@ -147,33 +203,55 @@ class Runner:
             self.lib = self.lib or binding.load(self.library)
             return run_case(case, self.lib)
         # a CUDA context must never exist in a process that forks: run such cases in the worker itself
-        isolate = "worker" if case.backend != "cpu" else self.isolate
-        try:
-            worker = self._ensure_worker()
-        except WorkerStartError as exc:
-            result = Result.for_case(case)
-            result.signal = None
-            result.stderr_tail = str(exc)
-            return result.finish("error", "startup", message=f"the worker could not start: {exc}", started=started)
+        isolate = "worker" if case.backend != "cpu" or not hasattr(os, "fork") else self.isolate
         payload = {"case": case.to_dict(), "isolate": isolate, "timeout": timeout,
                    "max_memory": self.max_memory, "backtrace": self.backtrace}
-        reply, phase, timed_out = worker.request(payload, timeout)
+        # isolate=case: the worker enforces the timeout on its child and answers; allow it
+        # a grace period. isolate=worker: the parent is the only one watching the clock.
+        deadline_s = timeout + (REPLY_GRACE if isolate == "case" else 0)
+        for attempt in (1, 2):
+            try:
+                worker = self._ensure_worker()
+            except WorkerStartError as exc:
+                result = Result.for_case(case)
+                result.stderr_tail = exc.stderr
+                result.diagnosis = BROKEN_BUILD if exc.broken_build else "the worker process could not start"
+                return result.finish("error", "startup", message=f"the worker could not start: {exc}",
+                                     started=started)
+            try:
+                reply, phase, timed_out = worker.request(payload, deadline_s)
+                break
+            except WorkerGone:
+                worker.close()
+                self.worker = None
+                if attempt == 2:
+                    result = Result.for_case(case)
+                    return result.finish("error", "startup", started=started,
+                                         message="two fresh workers in a row died before they got the case")
         if reply is None:  # the worker itself died or hung (isolate=worker, or a bug of ours)
-            if timed_out:
-                worker.proc.kill()
-                reply = {"timeout": {"phase": phase, "stderr": worker.stderr_tail()}}
-            else:
-                worker.proc.wait()
-                code = worker.proc.returncode
-                crash = {"phase": phase, "stderr": worker.stderr_tail()}
-                if code < 0:
-                    crash["signal"] = signal.Signals(-code).name
-                else:
-                    crash["exitcode"] = code
-                reply = {"crash": crash}
+            reply = self._reply_from_dead_worker(worker, phase, timed_out)
             worker.close()
             self.worker = None
         return self._to_result(case, reply, timeout, started)
+
+    @staticmethod
+    def _reply_from_dead_worker(worker, phase, timed_out):
+        if timed_out:
+            worker.proc.kill()
+            worker.proc.wait()
+            return {"timeout": {"phase": phase, "stderr": worker.stderr_tail()}}
+        try:  # reap it ourselves for its peak memory (ru_maxrss, KiB on Linux)
+            _, status, usage = os.wait4(worker.proc.pid, 0)
+            worker.proc.returncode = code = os.waitstatus_to_exitcode(status)
+            grew_by = max(0, usage.ru_maxrss * 1024 - worker.baseline_rss)
+        except (ChildProcessError, AttributeError):  # already reaped; no wait4 (Windows)
+            code, grew_by = worker.proc.wait(), 0
+        crash = {"phase": phase, "stderr": worker.stderr_tail(), "grew_by": grew_by}
+        if code < 0:
+            crash["signal"] = signal.Signals(-code).name
+        else:
+            crash["exitcode"] = code
+        return {"crash": crash}
 
     def _to_result(self, case, reply, timeout, started):
         if "result" in reply:
@@ -182,14 +260,19 @@ class Runner:
         if "timeout" in reply:
             info = reply["timeout"]
             result.stderr_tail = info.get("stderr", "")
+            result.diagnosis = f"hung in phase {info['phase']}"
             return result.finish("timeout", info["phase"], started=started,
-                                 message=f"timed out after {timeout:.0f} s in phase {info['phase']} "
+                                 message=f"timed out after {timeout:g} s in phase {info['phase']} "
                                          "(raise --gradgate-timeout if the case is just slow)")
         crash = reply["crash"]
         result.signal = crash.get("signal")
         result.stderr_tail = crash.get("stderr", "")
         explanation, no_backward = explain_crash(crash["phase"], result.stderr_tail)
         how = crash.get("signal") or f"exit code {crash.get('exitcode')}"
+        if self.max_memory and crash.get("grew_by", 0) >= self.max_memory // 2:
+            # RLIMIT_AS counts address space, ru_maxrss resident pages: half the cap is near enough
+            explanation += (f" (it had grown by {crash['grew_by'] >> 20} MiB against the --gradgate-max-memory cap "
+                            f"of {format_size(self.max_memory)}: an allocation beyond the cap fails)")
         result.diagnosis = explanation
         result.no_backward = no_backward
         ggml_msg = ggml_message(result.stderr_tail)

@@ -2,7 +2,8 @@
 
 Used by the tests, the benchmark and the HTML demo to put a known bug into a real ggml
 (or take one out) instead of imitating ggml in Python. Each patch inserts code we wrote
-before a one-line anchor (a `case GGML_OP_...:` label) in src/ggml.c.
+before a one-line anchor (a `case GGML_OP_...:` label) in src/ggml.c, or (deaths) after
+a one-line anchor in the CPU SCALE kernel.
 """
 
 import shutil
@@ -37,6 +38,31 @@ CONCAT_VARIANTS = {
     "concat-buggy": _CONCAT_BACKWARD.format(variant="concat-buggy", grad_expr="grad"),
     "concat-fixed": _CONCAT_BACKWARD.format(variant="concat-fixed", grad_expr="ggml_cont(ctx, grad)"),
 }
+
+
+# The "deaths" variant: the CPU SCALE kernel dies on purpose for magic scale factors, so
+# the isolation tests see real deaths in the compute phase: s = 13 writes through a NULL
+# pointer (SIGSEGV), s = 17 spins forever (a hang), s = 19 allocates and touches 16 MiB at
+# a time without bound (GGML_ABORT once malloc fails, i.e. under a memory cap).
+# The pointer is read through a volatile so that the compiler cannot see it is NULL and
+# turn the store into a trap instruction (SIGILL) instead.
+DEATHS_ANCHOR = "    memcpy(&b, (float *) dst->op_params + 1, sizeof(float));\n"
+_DEATHS_CODE = """\
+    { // added by pytest-gradgate's deaths test variant
+        if (s == 13.0f) { float * volatile nowhere = NULL; *nowhere = b; }
+        if (s == 17.0f) { for (volatile unsigned long spin = 0; ; spin++) { } }
+        if (s == 19.0f) {
+            for (size_t mib = 0; ; mib += 16) {
+                char * chunk = (char *) malloc((size_t) 16 << 20);
+                if (chunk == NULL) {
+                    GGML_ABORT("gradgate deaths variant: malloc failed after %zu MiB", mib);
+                }
+                memset(chunk, 1, (size_t) 16 << 20);
+            }
+        }
+    }
+"""
+VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths",)
 
 
 class PatchError(Exception):
@@ -76,8 +102,11 @@ def copy_tree(ggml_root, dest):
 
 def make_variant(ggml_root, dest, name):
     """A copy of ggml_root at dest with the named variant's patch applied."""
-    if name not in CONCAT_VARIANTS:
-        raise PatchError(f"unknown variant {name!r}; known: {', '.join(CONCAT_VARIANTS)}")
+    if name not in VARIANTS:
+        raise PatchError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
     dest = copy_tree(ggml_root, dest)
-    insert_before(dest / "src" / "ggml.c", BACKWARD_ANCHOR, CONCAT_VARIANTS[name])
+    if name == "deaths":
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", DEATHS_ANCHOR, DEATHS_ANCHOR + _DEATHS_CODE)
+    else:
+        insert_before(dest / "src" / "ggml.c", BACKWARD_ANCHOR, CONCAT_VARIANTS[name])
     return dest

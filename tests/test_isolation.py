@@ -1,0 +1,221 @@
+"""Crash isolation, tested with real deaths: a ggml variant whose SCALE kernel segfaults,
+hangs or allocates without bound on magic scale factors (variants.py, "deaths"), and
+ggml's own aborts on the default ggml. Each death must be one clear failed item while the
+other cases of the run pass, in every isolation mode, under pytest-xdist too.
+
+How these tests were seen to fail with the bug put back:
+- isolation off (the cases run in the pytest process: --gradgate-isolate none) on the
+  deaths YAML: the run itself dies at the segfault, no JUnit file, exit code -11;
+- GGML_NO_BACKTRACE not set for children: the default-settings run's stderr section holds
+  gdb's backtrace, failing test_no_backward_reported_and_no_backtrace_by_default;
+- the worker's Worker() env forcing GGML_NO_BACKTRACE=1 (as it once did): the
+  --gradgate-backtrace run shows no backtrace, failing the same test;
+- the crash cap removed: every case of the broken-build run fails with the same message.
+"""
+
+import shutil
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from pytest_gradgate.cache import cache_root
+
+# ten cases: five deaths, each followed by a case that must still pass
+DEATHS_YAML = """\
+cases:
+  - name: add_ok
+    params: {a: [4, 3], b: [4, 3]}
+    graph: add(a, b)
+    consumers: [none]
+  - name: segfault
+    params: {a: [4, 3]}
+    graph: scale(a, s=13)
+    consumers: [none]
+  - name: after_segfault
+    params: {a: [4, 3]}
+    graph: scale(a, s=2)
+    consumers: [none]
+  - name: hang
+    params: {a: [4, 3]}
+    graph: scale(a, s=17)
+    consumers: [none]
+  - name: after_hang
+    params: {a: [4, 3]}
+    graph: scale(a, s=3)
+    consumers: [none]
+  - name: unbounded_alloc
+    params: {a: [4, 3]}
+    graph: scale(a, s=19)
+    consumers: [none]
+  - name: after_alloc
+    params: {a: [4, 3]}
+    graph: scale(a, s=5)
+    consumers: [none]
+  - name: assert_abort
+    params: {a: [4, 3]}
+    init: {a: [0.5, 2.0]}
+    graph: sqrt(a)
+    consumers: [transpose]
+  - name: reglu_no_backward
+    params: {a: [4, 3, 2]}
+    graph: reglu(a)
+    consumers: [none]
+  - name: last_ok
+    params: {a: [4, 3], b: [4, 3]}
+    graph: mul(a, b)
+    consumers: [none]
+"""
+PASSING = {"add_ok", "after_segfault", "after_hang", "after_alloc", "last_ok"}
+# what each death must say: signal (or timeout), phase, and ggml's message where it has one
+DEATHS = {
+    "segfault": ["CRASHED", "phase compute", "signal: SIGSEGV"],
+    "hang": ["TIMEOUT", "timed out after 3 s in phase compute"],
+    "unbounded_alloc": ["CRASHED", "phase compute", "signal: SIGABRT",
+                        "gradgate deaths variant: malloc failed after", "--gradgate-max-memory cap of 256M"],
+    "assert_abort": ["CRASHED", "phase compute", "signal: SIGABRT", "GGML_ASSERT(", ") failed"],
+    "reglu_no_backward": ["CRASHED", "phase build-backward", "signal: SIGABRT",
+                          "no backward for REGLU in this ggml", "unsupported glu op for backward pass: REGLU"],
+}
+OTHER_CASES_YAML = """\
+cases:
+  - name: add_ok
+    params: {a: [4, 3], b: [4, 3]}
+    graph: add(a, b)
+    consumers: [none]
+  - name: reglu_no_backward
+    params: {a: [4, 3, 2]}
+    graph: reglu(a)
+    consumers: [none]
+  - name: mul_ok
+    params: {a: [4, 3], b: [4, 3]}
+    graph: mul(a, b)
+    consumers: [none]
+  - name: scale_ok
+    params: {a: [4, 3]}
+    graph: scale(a, s=2)
+    consumers: [none]
+"""
+BACKTRACE_MARKERS = ("ggml_abort", "[Inferior 1")   # gdb's frames / its detach line; backtrace_symbols'
+
+
+@pytest.fixture(autouse=True)
+def real_cache(monkeypatch):
+    """pytester points HOME at a temporary folder; keep the runs on the real build cache."""
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(cache_root()))
+
+
+@pytest.fixture(scope="session")
+def deaths_ggml(ggml_variant):
+    return ggml_variant("deaths")[0]
+
+
+def gate_args(ggml_root, cases, *extra):
+    return ["--gradgate", "--gradgate-no-builtin", "--gradgate-ggml-src", str(ggml_root),
+            "--gradgate-cases", str(cases), *extra]
+
+
+def junit_cases(path):
+    """testcase name -> failure text ('' when it passed)."""
+    out = {}
+    for tc in ET.parse(path).getroot().iter("testcase"):
+        failure = tc.find("failure")
+        out[tc.get("name")] = "" if failure is None else (failure.get("message", "") + "\n" + (failure.text or ""))
+    return out
+
+
+def check_deaths_run(result, junit):
+    assert result.ret == 1
+    result.assert_outcomes(passed=len(PASSING), failed=len(DEATHS))
+    cases = junit_cases(junit)
+    assert {name.split("[")[0] for name in cases} == PASSING | set(DEATHS)   # every case listed
+    for name, text in cases.items():
+        short = name.split("[")[0]
+        if short in PASSING:
+            assert text == "", name
+        else:
+            for expected in DEATHS[short]:
+                assert expected in text, (name, expected, text)
+    out = result.stdout.str()
+    for short in DEATHS:   # -ra: one FAILED line per death
+        result.stdout.fnmatch_lines([f"FAILED *{short}*"])
+    assert "ggml stderr" in out   # the report section with ggml's own output
+    assert "GGML_ASSERT(" in out and "unsupported glu op for backward pass" in out
+
+
+@pytest.mark.slow
+def test_each_death_is_one_failed_item_and_lf_reruns_them(pytester, deaths_ggml):
+    """isolate=case (default): forked children die; the worker and the run go on."""
+    cases = pytester.makefile(".yaml", gradgate_deaths=DEATHS_YAML)
+    args = gate_args(deaths_ggml, cases, "--gradgate-timeout", "3", "--gradgate-max-memory", "256M", "-ra")
+    result = pytester.runpytest(*args, "--junitxml=first.xml")
+    check_deaths_run(result, pytester.path / "first.xml")
+
+    rerun = pytester.runpytest(*args, "--lf", "--junitxml=rerun.xml")
+    rerun.assert_outcomes(failed=len(DEATHS), deselected=len(PASSING))
+    assert {n.split("[")[0] for n in junit_cases(pytester.path / "rerun.xml")} == set(DEATHS)
+
+
+@pytest.mark.slow
+def test_each_death_is_one_failed_item_with_isolate_worker(pytester, deaths_ggml):
+    """isolate=worker: the worker itself dies (or is killed on timeout) and is replaced;
+    the case after each death still runs and passes."""
+    cases = pytester.makefile(".yaml", gradgate_deaths=DEATHS_YAML)
+    result = pytester.runpytest(*gate_args(deaths_ggml, cases, "--gradgate-isolate", "worker", "--gradgate-timeout",
+                                           "3", "--gradgate-max-memory", "256M", "-ra", "--junitxml=worker.xml"))
+    check_deaths_run(result, pytester.path / "worker.xml")
+
+
+def test_no_backward_reported_and_no_backtrace_by_default(pytester, default_ggml):
+    """On the default ggml a user's REGLU case fails with ggml's message and the run goes
+    on. Children run with GGML_NO_BACKTRACE (no gdb backtrace in stderr) unless
+    --gradgate-backtrace is given, and then the backtrace is there."""
+    cases = pytester.makefile(".yaml", gradgate_other=OTHER_CASES_YAML)
+    result = pytester.runpytest(*gate_args(default_ggml, cases))
+    assert result.ret == 1
+    result.assert_outcomes(passed=3, failed=1)
+    out = result.stdout.str()
+    assert "no backward for REGLU in this ggml" in out
+    assert "unsupported glu op for backward pass: REGLU" in out
+    assert not any(marker in out for marker in BACKTRACE_MARKERS), out
+
+    traced = pytester.runpytest(*gate_args(default_ggml, cases, "--gradgate-backtrace", "-k", "reglu"))
+    traced.assert_outcomes(failed=1, deselected=3)
+    out = traced.stdout.str()
+    assert "no backward for REGLU in this ggml" in out   # ggml's message survives a long backtrace
+    assert any(marker in out for marker in BACKTRACE_MARKERS), out
+
+
+def test_isolate_none_runs_passing_cases(pytester, default_ggml):
+    cases = pytester.makefile(".yaml", gradgate_other=OTHER_CASES_YAML)
+    result = pytester.runpytest(*gate_args(default_ggml, cases, "--gradgate-isolate", "none", "-k", "not reglu"))
+    assert result.ret == 0
+    result.assert_outcomes(passed=3, deselected=1)
+
+
+def test_under_xdist_results_reach_the_controller(pytester, default_ggml):
+    """-n 2: a worker in each xdist process, one shared (cached) build; the controller's
+    terminal summary lists the failure that happened in an xdist process."""
+    cases = pytester.makefile(".yaml", gradgate_other=OTHER_CASES_YAML)
+    result = pytester.runpytest(*gate_args(default_ggml, cases, "-n", "2"))
+    assert result.ret == 1
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(["*gradgate failures*", "reglu_no_backward*no backward for REGLU in this ggml*"])
+
+
+def test_library_that_cannot_load_stops_the_run_with_one_message(pytester, default_ggml, default_build,
+                                                                 monkeypatch):
+    """A build entry whose library is truncated (as a full disk or a killed copy leaves it):
+    the first case reports it, the run stops there instead of failing every case alike."""
+    cache = pytester.path / "cache"
+    entry = cache / "builds" / default_build.path.name   # same key: ensure_build finds it
+    shutil.copytree(default_build.path, entry)
+    library = entry / default_build.library.name
+    library.write_bytes(library.read_bytes()[:4096])
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(cache))
+    cases = pytester.makefile(".yaml", gradgate_other=OTHER_CASES_YAML)
+    result = pytester.runpytest(*gate_args(default_ggml, cases))
+    assert result.ret != 0
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*Interrupted: gradgate: stopped early: the library cannot be loaded; "
+                                 f"the build looks broken (remove {entry} so that it is rebuilt)*"])
+    assert result.stdout.str().count("cannot load") >= 1
