@@ -123,6 +123,16 @@ def test_power_sqr_loss_has_it_sum_loss_on_a_linear_op_is_blind(lib):
     assert blind.diagnosis.startswith("blind") and blind.blind_params == ["a"]
 
 
+def test_add1_backward_is_a_real_wrong_scale_in_this_ggml(lib, runner):
+    """ggml 0.15.3's ADD1 backward gives b `ggml_mean(grad)` ("TODO: should probably be sum"): for a
+    one-row a that is the true gradient / ne0; for more rows its shape is wrong and it aborts."""
+    r = run_case(case("add1(a, b)", {"a": [4], "b": [1]}), lib)
+    assert r.status == "failed" and r.diagnosis.startswith("b: wrong scale: analytic = 0.25 x numeric")
+    rows = runner.run(case("add1(a, b)", {"a": [4, 3], "b": [1]}))
+    assert rows.status == "crashed" and rows.phase == "build-backward"
+    assert "ggml_are_same_shape(src1, cgraph->grads[isrc1])" in rows.message
+
+
 # ---------------------------------------------------------------- phases, crashes, no backward
 
 def test_phase_done_when_compared(lib):
