@@ -1,0 +1,253 @@
+"""YAML case files through real pytest runs: bad input is an error at its file:line while the
+other cases still run; where files come from; readable ids; reportinfo; the JSON Schema.
+
+Runs use `--gradgate-no-builtin` and tiny cases (consumer `none`), so each costs about a
+second on top of the cached default build.
+"""
+
+import json
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+
+import pytest_gradgate
+from pytest_gradgate.cache import cache_root
+from pytest_gradgate.consumers import CONSUMERS
+from pytest_gradgate.loader import CASE_KEYS
+from pytest_gradgate.losses import LOSSES
+
+PACKAGE = Path(pytest_gradgate.__file__).parent
+USER_CACHE = cache_root()    # read before pytester moves HOME: the cache holding the default build
+GOOD = """\
+  - name: good
+    params: {a: [4, 3]}
+    graph: sqr(a)
+    consumers: [none]
+"""
+
+
+@pytest.fixture
+def run_gate(pytester, tmp_path, monkeypatch, default_build):
+    """Run pytest --gradgate in pytester's directory (without the built-in suite and with an
+    empty baseline, so outcomes are the raw ones)."""
+    # pytester points HOME elsewhere: keep using the cache that holds the default build
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(USER_CACHE))
+    empty = tmp_path / "empty-baseline.json"
+    empty.write_text(json.dumps({"schema": 1, "entries": {}}))
+
+    def run(*args, builtin=False):
+        if not (pytester.path / "tox.ini").exists():
+            # a configured project: pytest --gradgate then discovers gradgate_*.yaml under it
+            # (in a bare directory it checks the built-in suite only)
+            pytester.makeini("[pytest]\n")
+        # one token: pytest takes a bare path argument into account when it picks the rootdir
+        base = ["--gradgate", "-p", "no:cacheprovider", f"--gradgate-baseline={empty}"]
+        if not builtin:
+            base.append("--gradgate-no-builtin")
+        return pytester.runpytest(*base, *args)
+    return run
+
+
+# (case text, line of the error relative to the case's first line, text the error must show)
+BAD_CASES = {
+    "unknown op": ("""\
+  - name: bad
+    params: {a: [4, 3]}
+    graph: frobnicate(a)
+""", 2, "unknown op 'frobnicate'"),
+    "wrong arity": ("""\
+  - name: bad
+    params: {a: [4, 3]}
+    graph: mul(a)
+""", 2, "mul takes 2 tensor argument(s) (a, b), got 1"),
+    "unknown op keyword": ("""\
+  - name: bad
+    params: {a: [4, 3], b: [4, 2]}
+    graph: concat(a, b, axis=1)
+""", 2, "concat: unknown keyword 'axis'; signature is concat(a, b, dim=0)"),
+    "unknown case keyword": ("""\
+  - name: bad
+    params: {a: [4, 3]}
+    graph: sqr(a)
+    tolerance: 1.0e-3
+""", 3, "unknown key 'tolerance'"),
+    "shape mismatch": ("""\
+  - name: bad
+    params: {a: [4, 3], b: [5, 3]}
+    graph:
+      - c = sqr(a)
+      - mul_mat(c, b)
+""", 4, "graph line 2 'mul_mat(c, b)': shape mismatch: mul_mat: a [4, 3, 1, 1] and b [5, 3, 1, 1] must share ne0"),
+    "unknown consumer": ("""\
+  - name: bad
+    params: {a: [4, 3]}
+    graph: sqr(a)
+    consumers: [none, sideways]
+""", 3, "unknown consumer 'sideways'; known: none, transpose"),
+    "unknown loss": ("""\
+  - name: bad
+    params: {a: [4, 3]}
+    graph: sqr(a)
+    loss: cube
+""", 3, "unknown loss 'cube'; known: sqr, wsqr, sum"),
+    "bad tolerance": ("""\
+  - name: bad
+    params: {a: [4, 3]}
+    graph: sqr(a)
+    max_maa: 5
+""", 3, "'max_maa' 5.0 would pass anything"),
+    "bad eps": ("""\
+  - name: bad
+    params: {a: [4, 3]}
+    graph: sqr(a)
+    eps: -0.1
+""", 3, "'eps' must be a positive number, got -0.1"),
+    "duplicate name": ("""\
+  - name: good
+    params: {a: [4, 3]}
+    graph: sqr(a)
+""", 0, "duplicate case name 'good' (first declared on line 2)"),
+}
+
+
+def test_each_bad_case_is_an_error_at_its_line_and_the_good_cases_still_run(pytester, run_gate):
+    """One file holding a good case, one bad case of each kind, and a good case again."""
+    path = pytester.path / "gradgate_cases.yaml"
+    text, expected, line = "cases:\n" + GOOD, {}, 2 + GOOD.count("\n")
+    for kind, (case_text, offset, message) in BAD_CASES.items():
+        expected[kind] = (line + offset, message)
+        text += case_text
+        line += case_text.count("\n")
+    text += GOOD.replace("good", "good_after")
+    path.write_text(text)
+    result = run_gate("-rA")
+    result.assert_outcomes(passed=2, errors=len(BAD_CASES))
+    out = result.stdout.str()
+    for kind, (bad_line, message) in expected.items():
+        lines = [x for x in result.stdout.lines if x.startswith(f"invalid case: {path}:{bad_line}: ")]
+        assert len(lines) == 1 and message in lines[0], (kind, lines)
+    result.stdout.fnmatch_lines(["PASSED gradgate_cases.yaml::good[[]none-sqr-cpu[]]",
+                                 "PASSED gradgate_cases.yaml::good_after[[]none-sqr-cpu[]]"])
+
+
+def test_yaml_syntax_error_is_an_error_at_its_line_and_other_files_still_run(pytester, run_gate):
+    broken = pytester.path / "gradgate_broken.yaml"
+    broken.write_text("cases:\n  - name: x\n    params: {a: [4, 3]\n    graph: sqr(a)\n")
+    (pytester.path / "gradgate_fine.yaml").write_text("cases:\n" + GOOD)
+    result = run_gate("-rA")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines([f"invalid case: {broken}:4: YAML syntax error: *"])
+
+
+def test_cases_option_is_repeatable_and_ini_adds_files(pytester, run_gate):
+    """--gradgate-cases PATH (twice) and ini gradgate_cases: files that no discovery rule
+    would find (wrong name, outside the test paths) are collected."""
+    elsewhere = pytester.mkdir("elsewhere")
+    for name in ("one", "two", "three"):
+        (elsewhere / f"{name}.yaml").write_text("cases:\n" + GOOD.replace("good", f"case_{name}"))
+    (pytester.path / "tests").mkdir()
+    pytester.makeini("[pytest]\ntestpaths = tests\ngradgate_cases =\n    elsewhere/three.yaml\n")
+    result = run_gate("--co", "-q", f"--gradgate-cases={elsewhere / 'one.yaml'}",
+                      f"--gradgate-cases={elsewhere / 'two.yaml'}")
+    out = result.stdout.str()
+    assert "case_one[none-sqr-cpu]" in out and "case_two[none-sqr-cpu]" in out
+    # the command line overrides the ini key (CLI > env > ini), as for every setting
+    assert "case_three" not in out
+    result = run_gate("--co", "-q")
+    assert "case_three[none-sqr-cpu]" in result.stdout.str()
+
+
+def test_gradgate_yaml_files_are_discovered_under_test_paths_and_others_ignored(pytester, run_gate):
+    sub = pytester.mkdir("tests")
+    (sub / "gradgate_mine.yaml").write_text("cases:\n" + GOOD.replace("good", "discovered"))
+    (sub / "other.yaml").write_text("cases:\n" + GOOD.replace("good", "ignored"))
+    (sub / "config.yaml").write_text("not: [a, case, file]\n")
+    result = run_gate("--co", "-q", "tests")
+    out = result.stdout.str()
+    assert "tests/gradgate_mine.yaml::discovered[none-sqr-cpu]" in out
+    assert "ignored" not in out and "invalid" not in out
+
+
+def test_ids_are_readable_and_selectable_with_k(pytester, run_gate):
+    (pytester.path / "gradgate_ids.yaml").write_text(textwrap.dedent("""\
+        cases:
+          - name: concat_dim1
+            params: {a: [4, 3, 5, 1], b: [4, 2, 5, 1]}
+            graph: concat(a, b, dim=1)
+            loss: [sqr, sum]
+        """))
+    result = run_gate("--co", "-q")
+    ids = [line for line in result.stdout.lines if "::" in line]
+    assert len(ids) == 8        # 4 default consumers x 2 losses
+    assert "gradgate_ids.yaml::concat_dim1[permute_0213_transpose-sqr-cpu]" in ids
+    result = run_gate("--co", "-q", "-k", "permute_0213_transpose and sqr")
+    assert [line for line in result.stdout.lines if "::" in line] == [
+        "gradgate_ids.yaml::concat_dim1[permute_0213_transpose-sqr-cpu]"]
+
+
+def test_reportinfo_points_at_the_case_line_in_junit_xml(pytester, run_gate):
+    (pytester.path / "gradgate_where.yaml").write_text("cases:\n" + GOOD + GOOD.replace("good", "second"))
+    xml = pytester.path / "junit.xml"
+    result = run_gate(f"--junitxml={xml}", "-o", "junit_family=xunit1")
+    result.assert_outcomes(passed=2)
+    where = {tc.get("name"): (tc.get("file"), tc.get("line")) for tc in ET.parse(xml).iter("testcase")}
+    # JUnit lines are 0-based like pytest's locations: the cases start on YAML lines 2 and 6
+    assert where == {"good[none-sqr-cpu]": ("gradgate_where.yaml", "1"),
+                     "second[none-sqr-cpu]": ("gradgate_where.yaml", "5")}
+
+
+def test_user_case_for_an_op_without_backward_fails_with_that_reason(pytester, run_gate):
+    """The built-in suite skips such a case (tests/test_builtin_suite.py); a user's own
+    case declares that they need the backward, so it fails."""
+    (pytester.path / "gradgate_mine.yaml").write_text(textwrap.dedent("""\
+        cases:
+          - name: my_reglu
+            params: {a: [4, 3, 2]}
+            graph: reglu(a)
+            consumers: [none]
+        """))
+    result = run_gate("-rA")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*diagnosis: no backward for REGLU in this ggml*"])
+
+
+def test_builtin_case_for_an_op_without_backward_is_skipped_with_the_reason(pytester, run_gate):
+    result = run_gate("-rs", "-k", "reglu and none", builtin=True)
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED*no backward for REGLU in this ggml*"])
+
+
+# -- the JSON Schema ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def validator():
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test extra: pip install -e '.[test]'")
+    schema = json.loads((PACKAGE / "cases.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_builtin_suite_is_valid_under_the_schema(validator):
+    data = yaml.safe_load((PACKAGE / "cases.yaml").read_text())
+    assert [e.message for e in validator.iter_errors(data)] == []
+
+
+def test_schema_rejects_bad_cases(validator):
+    data = yaml.safe_load("cases:\n" + GOOD + "".join(BAD_CASES[k][0] for k in
+                                                        ("unknown case keyword", "unknown consumer",
+                                                         "unknown loss", "bad tolerance", "bad eps")))
+    data["cases"].append({"name": "no graph", "params": {"a": [0]}})
+    bad = sorted({e.absolute_path[1] for e in validator.iter_errors(data)})
+    assert bad == [1, 2, 3, 4, 5, 6]
+
+
+def test_schema_names_the_same_keys_consumers_and_losses_as_the_loader():
+    """Editors complete from the schema: it must not drift from what the loader accepts."""
+    schema = json.loads((PACKAGE / "cases.schema.json").read_text())
+    defs = schema["$defs"]
+    assert set(defs["caseFields"]["properties"]) == set(CASE_KEYS)
+    assert defs["consumer"]["enum"] == list(CONSUMERS)
+    assert defs["loss"]["enum"] == list(LOSSES)
