@@ -351,4 +351,7 @@ def _failed(step, staging_log, ggml_root):
     kept = builds_dir() / "failed" / f"{int(time.time())}-{os.getpid()}.log"
     kept.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(staging_log, kept)
-    return BuildError(f"CMake {step} of ggml at {ggml_root} failed", log_path=kept, log_tail=_tail(kept))
+    # a compiler's first error explains the rest, which the tail alone may not show
+    first = re.search(r"^\S.*?:\d+:\d+: (?:fatal )?error: .*$", kept.read_text(errors="replace"), re.M)
+    where = f": {first.group(0)}" if first else ""
+    return BuildError(f"CMake {step} of ggml at {ggml_root} failed{where}", log_path=kept, log_tail=_tail(kept))

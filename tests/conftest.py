@@ -3,20 +3,50 @@ plus patched variants of it. Builds are cached by content, so each distinct tree
 built once per machine, whichever test asks first."""
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from pytest_gradgate.build import BuildOptions, ensure_build
-from pytest_gradgate.source import default_ggml_root
+from pytest_gradgate.cache import cache_root
+from pytest_gradgate.errors import SourceError
+from pytest_gradgate.source import default_ggml_root, fetch_sdist_tree
 from pytest_gradgate.variants import make_variant
 
 pytest_plugins = ["pytester"]
+
+# pytester points HOME at a temporary folder, which would move the user cache (and ccache's)
+# and make every pytest run under test rebuild ggml from scratch. Pin both to the real ones.
+os.environ.setdefault("GRADGATE_CACHE_DIR", str(cache_root()))
+if shutil.which("ccache") and "CCACHE_DIR" not in os.environ:
+    _ccache_dir = subprocess.run(["ccache", "-k", "cache_dir"], stdout=subprocess.PIPE, text=True).stdout.strip()
+    if _ccache_dir:
+        os.environ["CCACHE_DIR"] = _ccache_dir
 
 
 @pytest.fixture(scope="session")
 def default_ggml():
     return default_ggml_root()
+
+
+# a llama.cpp tree as llama-cpp-python vendors it (ggml 0.25.3); pinned like the default
+LLAMA_CPP_PYTHON = ("llama-cpp-python", "0.3.36",
+                    "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_root():
+    """A llama.cpp-shaped checkout (only its ggml/ is extracted), fetched once into the user cache."""
+    dist, version, sha256 = LLAMA_CPP_PYTHON
+    try:
+        tree = fetch_sdist_tree(dist, version, "vendor/llama.cpp/ggml", "llama.cpp/ggml", sha256=sha256)
+    except SourceError as exc:
+        if str(exc).startswith("could not fetch"):
+            pytest.skip(f"the package registry is unreachable, so no llama.cpp tree: {str(exc).splitlines()[0]}")
+        raise
+    return tree.parent
 
 
 @pytest.fixture(scope="session")

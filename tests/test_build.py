@@ -1,0 +1,206 @@
+"""The build cache, for real: CMake builds of the default ggml (and a llama.cpp tree),
+killed builds, racing builders, a broken ggml, and what pytest shows meanwhile.
+
+Tests about cache behaviour use a temporary GRADGATE_CACHE_DIR but the user cache's copy of
+the default ggml, so the compiler sees the same source paths and ccache makes their
+"cold" builds cheap. Everything else shares the session's cached build."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pytest_gradgate import binding
+from pytest_gradgate.build import GGML_BUILD_INPUTS, BuildOptions, ensure_build, find_build
+from pytest_gradgate.errors import BuildError
+
+# build (or find) the library for argv[1], load it, and say what happened, as JSON
+BUILD_AND_LOAD = """
+import json, os, sys, time
+from pytest_gradgate import binding
+from pytest_gradgate.build import BuildOptions, ensure_build
+started = time.time()
+build = ensure_build(sys.argv[1], BuildOptions())
+lib = binding.load(build.library)
+print(json.dumps({"pid": os.getpid(), "cached": build.cached, "library": str(build.library),
+                  "built_by": build.info.get("built_by_pid"), "version": binding.ggml_version(lib),
+                  "started": started, "finished": time.time()}))
+"""
+
+
+def build_and_load(root, env=None, **popen):
+    proc = subprocess.run([sys.executable, "-c", BUILD_AND_LOAD, str(root)], env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900, **popen)
+    assert proc.returncode == 0, proc.stdout
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def entries(cache_dir):
+    """Names in the builds folder other than locks and staging folders."""
+    return sorted(p.name for p in (cache_dir / "builds").iterdir()
+                  if not p.name.endswith(".lock") and not p.name.startswith(".tmp-"))
+
+
+def test_cache_hit_loads_without_cmake(default_ggml, default_build, tmp_path):
+    """With cmake off PATH (only the compilers, which are part of the cache key) a cached
+    build still loads: a hit never runs CMake."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("cc", "c++"):
+        os.symlink(shutil.which(tool), bin_dir / tool)
+    env = dict(os.environ, PATH=str(bin_dir))
+    assert shutil.which("cmake", path=env["PATH"]) is None
+    out = build_and_load(default_ggml, env=env)
+    assert out["cached"] is True
+    assert out["library"] == str(default_build.library)
+    assert out["version"] == "0.15.3"
+
+
+def test_report_header_shows_ggml_version(default_build, pytester):
+    result = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    result.stdout.fnmatch_lines([
+        "gradgate: ggml 0.15.3 from default (ggml vendored by ggml-python==0.0.45)",
+        f"gradgate: Release build for cpu (cached): {default_build.library}",
+    ])
+
+
+def test_gradgate_build_prints_the_library(default_build):
+    proc = subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "build"], text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == str(default_build.library)
+    assert "ggml_version: 0.15.3" in lines and "cached: True" in lines
+
+
+def test_gradgate_build_bad_source_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "build", "--ggml-src", str(tmp_path / "nope")],
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [f"gradgate build: error: --ggml-src: ggml source '{tmp_path / 'nope'}' "
+                                        "does not exist (expected a ggml checkout or a llama.cpp checkout)"]
+
+
+@pytest.mark.slow
+def test_cold_build_shows_progress(default_ggml, pytester, tmp_path, monkeypatch):
+    """A cold build (empty cache dir) through pytest: configure and build progress lines
+    appear before the session header, which then says it was built."""
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(tmp_path / "cache"))
+    result = pytester.runpytest_subprocess("--gradgate", "--gradgate-ggml-src", str(default_ggml),
+                                           "--gradgate-no-builtin", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED, result.stderr.str()
+    result.stdout.fnmatch_lines([
+        "gradgate: configuring ggml",
+        "gradgate: building ggml [[]1/*[]]",
+        "*test session starts*",
+        f"gradgate: ggml 0.15.3 from {default_ggml}",
+        "gradgate: Release build for cpu (built in * s): *libgradgate.so",
+    ])
+
+
+@pytest.mark.slow
+def test_interrupted_build_leaves_no_valid_entry(default_ggml, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(tmp_path))
+    builds = tmp_path / "builds"
+    proc = subprocess.Popen([sys.executable, "-c", BUILD_AND_LOAD, str(default_ggml)], start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 600
+        while True:  # wait until `cmake --build` runs, then kill the builder and its children
+            logs = list(builds.glob(".tmp-*/build.log")) if builds.is_dir() else []
+            if logs and "cmake --build" in logs[0].read_text(errors="replace"):
+                break
+            assert proc.poll() is None, "the builder ended before it could be interrupted"
+            assert time.time() < deadline, "cmake --build never started"
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert find_build(default_ggml, BuildOptions()) is None
+    assert list(builds.glob(".tmp-*")), "the killed builder's staging folder should still be there"
+    assert entries(tmp_path) == []
+
+    build = ensure_build(default_ggml, BuildOptions())
+    assert build.cached is False and build.library.is_file()
+    assert list(builds.glob(".tmp-*")) == []  # the leftover was swept
+    assert find_build(default_ggml, BuildOptions()).path == build.path
+    assert build_and_load(default_ggml)["cached"] is True
+
+
+@pytest.mark.slow
+def test_two_processes_building_at_once_make_one_build(default_ggml, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD_AND_LOAD, str(default_ggml)], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
+    outs = []
+    for proc in procs:
+        text = proc.communicate(timeout=900)[0]
+        assert proc.returncode == 0, text
+        outs.append(json.loads(text.splitlines()[-1]))
+    assert sorted(o["cached"] for o in outs) == [False, True]   # exactly one ran CMake
+    builder = next(o for o in outs if not o["cached"])
+    assert all(o["built_by"] == builder["pid"] for o in outs)
+    assert all(o["started"] < builder["finished"] for o in outs)  # they really overlapped
+    assert outs[0]["library"] == outs[1]["library"]
+    assert all(o["version"] == "0.15.3" for o in outs)
+    assert len(entries(tmp_path)) == 1
+    assert list((tmp_path / "builds").glob(".tmp-*")) == []
+
+
+@pytest.mark.slow
+def test_failed_build_reports_log_tail_and_path(default_ggml, tmp_path, monkeypatch, pytester):
+    broken = tmp_path / "broken-ggml"
+    for name in GGML_BUILD_INPUTS:
+        src = default_ggml / name
+        if src.is_dir():
+            shutil.copytree(src, broken / name)
+        elif src.is_file():
+            broken.mkdir(exist_ok=True)
+            shutil.copy(src, broken / name)
+    ggml_c = broken / "src" / "ggml.c"
+    anchor = '#include "ggml.h"\n'
+    text = ggml_c.read_text()
+    assert anchor in text
+    ggml_c.write_text(text.replace(anchor, anchor + "gradgate_deliberate_syntax_error(;\n", 1))
+    bad_line = text[:text.index(anchor)].count("\n") + 2
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(tmp_path / "cache"))
+
+    with pytest.raises(BuildError) as err:
+        ensure_build(broken, BuildOptions())
+    error = err.value
+    first_line, second_line = str(error).splitlines()[:2]
+    # the compiler's first error (its later ones cascade) and the log's tail
+    assert first_line.startswith(f"CMake build of ggml at {broken} failed: {broken}/src/ggml.c:{bad_line}:")
+    assert "error: " in first_line
+    assert second_line == "--- last lines of the build log ---"
+    assert error.log_tail and error.log_tail in str(error)
+    assert error.log_path.is_file() and str(error).endswith(f"(full log: {error.log_path})")
+    assert find_build(broken, BuildOptions()) is None
+    assert entries(tmp_path / "cache") == ["failed"]  # only the kept logs
+
+    result = pytester.runpytest_subprocess("--gradgate", "--gradgate-ggml-src", str(broken), "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: gradgate: CMake build of ggml at {broken} failed: "
+                                 f"{broken}/src/ggml.c:{bad_line}:*error: *",
+                                 "--- last lines of the build log ---",
+                                 "(full log: *.log)"])
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+@pytest.mark.slow
+def test_llama_cpp_root_builds_and_runs_a_case(llama_cpp_root, pytester):
+    """The ggml that llama.cpp carries (0.25.3 in llama-cpp-python 0.3.36) builds with the
+    same shim and binding, loads, and runs a case."""
+    out = build_and_load(llama_cpp_root / "ggml")
+    assert out["version"] == "0.25.3"
+    result = pytester.runpytest_subprocess("--gradgate", "--gradgate-ggml-src", str(llama_cpp_root),
+                                           "-k", "dup and none", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines([f"gradgate: ggml 0.25.3 from {llama_cpp_root}", "*1 passed*"])
+    assert result.ret == pytest.ExitCode.OK
