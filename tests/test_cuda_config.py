@@ -1,0 +1,86 @@
+"""The CUDA path without a GPU: option handling, the cache key, CMake's configure step
+with GGML_CUDA=ON using this machine's nvcc, and fast, clear failures where no GPU is
+visible (the CPU path unaffected). Compiling and running CUDA needs a GPU machine."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from pytest_gradgate.build import BuildOptions, cache_key, gpu_visible
+
+no_gpu = pytest.mark.skipif(gpu_visible(), reason="a GPU is visible here; these check the no-GPU behaviour")
+CUDA_90 = BuildOptions(backends=("cpu", "cuda"), cuda_arch="90")
+
+
+def gradgate_build(*args):
+    return subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "build", *args], text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
+
+
+def test_cuda_options_reach_cmake_and_the_cache_key(default_ggml):
+    assert "-DGGML_CUDA=ON" not in BuildOptions().cmake_args()
+    assert {"-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90"} <= set(CUDA_90.cmake_args())
+    keys = {cache_key(default_ggml, o) for o in
+            (BuildOptions(), CUDA_90, BuildOptions(backends=("cpu", "cuda"), cuda_arch="89"))}
+    assert len(keys) == 3
+
+
+def test_configure_only_cuda_with_this_machines_nvcc(default_ggml):
+    """`gradgate build --configure-only --backend cuda --cuda-arch 90` configures ggml with
+    GGML_CUDA=ON. Where CMake cannot find (all of) CUDA here it skips with CMake's reason,
+    as one line (e.g. a toolkit that has nvcc but no cuBLAS: pip install nvidia-cublas)."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH: no CUDA toolkit to configure with")
+    proc = gradgate_build("--configure-only", "--backend", "cuda", "--cuda-arch", "90")
+    if proc.returncode != 0:
+        first = next(line for line in proc.stderr.splitlines() if line.startswith("gradgate build: error: "))
+        assert "CMake configure of ggml" in first, proc.stderr
+        if "CMake did not find" in first:
+            pytest.skip(first.split("failed: ", 1)[1])
+        pytest.fail(proc.stderr)
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("configured ggml 0.15.3 from ")
+    assert "GGML_CUDA=ON" in lines[1].split() and "CMAKE_CUDA_ARCHITECTURES=90" in lines[1].split()
+
+
+@no_gpu
+def test_native_cuda_arch_without_gpu_fails_fast():
+    proc = gradgate_build("--configure-only", "--backend", "cuda")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        "gradgate build: error: --backend cuda --cuda-arch native needs a visible NVIDIA GPU and there is none "
+        "here; give the architecture to build for, e.g. --cuda-arch 90"]
+
+
+def test_bad_backend_choice_is_one_line():
+    proc = gradgate_build("--backend", "gpu")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        "gradgate build: error: argument --backend: invalid choice: 'gpu' (choose from 'cpu', 'cuda', 'all')"]
+
+
+@no_gpu
+@pytest.mark.parametrize("backend", ["cuda", "all"])
+def test_pytest_backend_cuda_without_gpu_is_a_usage_error(pytester, backend):
+    result = pytester.runpytest_subprocess("--gradgate", "--gradgate-backend", backend, "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --gradgate-backend {backend}: no NVIDIA GPU is visible on this machine*"])
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    assert "gradgate: configuring" not in result.stdout.str()  # failed before any build
+
+
+def test_cpu_path_unaffected(default_build, pytester):
+    result = pytester.runpytest_subprocess("--gradgate", "--gradgate-backend", "cpu", "-k", "dup and none",
+                                           "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines([f"gradgate: Release build for cpu (cached): {default_build.library}", "*passed*"])
+    outcomes = result.parseoutcomes()
+    assert result.ret == pytest.ExitCode.OK and outcomes["passed"] >= 1 and "failed" not in outcomes
+
+
+def test_bad_backend_value_in_pytest_names_its_source(pytester, monkeypatch):
+    monkeypatch.setenv("GRADGATE_BACKEND", "gpu")
+    result = pytester.runpytest_subprocess("--gradgate", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: environment GRADGATE_BACKEND: 'gpu' is not one of cpu, cuda, all"])
