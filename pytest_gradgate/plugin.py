@@ -146,7 +146,8 @@ def pytest_report_header(config):
         return None
     info = state.build.info
     how = "cached" if state.build.cached else f"built in {info.get('build_seconds')} s"
-    return [f"gradgate: ggml {info.get('ggml_version')} from {state.source.label}",
+    from .binding import library_ggml_version  # read from the library, not from the source tree
+    return [f"gradgate: ggml {library_ggml_version(state.build.library)} from {state.source.label}",
             f"gradgate: {info['options']['build_type']} build for {', '.join(state.backends)} ({how}): "
             f"{state.build.library}",
             f"gradgate: isolate={state.settings['isolate']}"]

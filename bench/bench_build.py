@@ -1,0 +1,104 @@
+"""Build figures: cold build time, warm load time, build-cache size.
+
+    python bench/bench_build.py [--repeat 5] [--skip-cold]
+
+- cold build: `gradgate build` of the default ggml into an empty temporary cache, once with
+  ccache disabled (a fresh machine) and once with ccache warm (a new cache entry for sources
+  compiled before, e.g. a CI cache restored without the build folder);
+- warm load: from starting `pytest --gradgate` (cache hit) to the library loaded in that
+  process, measured by a conftest that loads it right after the plugin's session start;
+  target < 2 s;
+- build-cache size: each entry under the user cache's builds/ folder, and the sources.
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pytest_gradgate.cache import cache_root
+from pytest_gradgate.source import default_ggml_root
+
+PROBE = '''
+import time
+import pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    from pytest_gradgate import binding
+    from pytest_gradgate.plugin import state_of
+    lib = binding.load(state_of(session.config).build.library)
+    print(f"GRADGATE_LOADED {time.time():.6f} ggml {binding.ggml_version(lib)}", flush=True)
+'''
+
+
+def du(path):
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file()) if Path(path).exists() else 0
+
+
+def mib(n):
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def cold_build(root, ccache):
+    with tempfile.TemporaryDirectory(prefix="gradgate-bench-cache-") as cache:
+        env = dict(os.environ, GRADGATE_CACHE_DIR=cache)
+        if not ccache:
+            env["CCACHE_DISABLE"] = "1"
+        started = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "build", "--ggml-src", str(root)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        elapsed = time.perf_counter() - started
+        if proc.returncode != 0:
+            sys.exit(f"cold build failed:\n{proc.stderr}")
+        return elapsed, du(Path(cache) / "builds")
+
+
+def warm_load(repeat):
+    # make sure the entry exists, so that every run below is a cache hit
+    subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "build"], check=True, stdout=subprocess.DEVNULL)
+    times = []
+    with tempfile.TemporaryDirectory(prefix="gradgate-bench-warm-") as work:
+        (Path(work) / "conftest.py").write_text(PROBE)
+        for _ in range(repeat):
+            started = time.time()
+            proc = subprocess.run([sys.executable, "-m", "pytest", "--gradgate", "--gradgate-no-builtin",
+                                   "-p", "no:cacheprovider", "-q"], cwd=work, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+            line = next((l for l in proc.stdout.splitlines() if l.startswith("GRADGATE_LOADED")), None)
+            if line is None:
+                sys.exit(f"the probe did not report a load:\n{proc.stdout}")
+            times.append(float(line.split()[1]) - started)
+    return times
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=5, help="warm-load runs (default 5)")
+    parser.add_argument("--skip-cold", action="store_true", help="skip the two cold builds (minutes on 2 cores)")
+    args = parser.parse_args()
+    root = default_ggml_root()
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+    if not args.skip_cold:
+        seconds, size = cold_build(root, ccache=False)
+        print(f"cold build, ccache off:  {seconds:6.1f} s  (entry {mib(size)})")
+        seconds, _ = cold_build(root, ccache=True)
+        print(f"cold build, ccache warm: {seconds:6.1f} s")
+    times = warm_load(args.repeat)
+    print(f"warm load (pytest start -> library loaded, cache hit): median {statistics.median(times):.2f} s, "
+          f"min {min(times):.2f} s, max {max(times):.2f} s over {len(times)} runs (target < 2 s)")
+    builds = cache_root() / "builds"
+    entries = [p for p in builds.iterdir() if p.is_dir() and not p.name.startswith(".tmp-") and p.name != "failed"] \
+        if builds.is_dir() else []
+    print(f"build cache {builds}: {len(entries)} entries, {mib(du(builds))} in all; "
+          f"sources {mib(du(cache_root() / 'sources'))}")
+    for entry in sorted(entries):
+        print(f"  {entry.name}: {mib(du(entry))}")
+
+
+if __name__ == "__main__":
+    main()
