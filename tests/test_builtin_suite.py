@@ -1,0 +1,158 @@
+"""The built-in suite (pytest_gradgate/cases.yaml) on the default ggml, run once the way a
+user runs it: `pytest --gradgate` in a directory of its own, every report recorded.
+
+Checked here: it collects every case the loader finds and nothing invalid; every item ends
+passed, failed with a diagnosis, or skipped with a reason; every case that ran to the
+comparison has power; each op of the op table is covered through `none` and at least three
+non-contiguous consumers; and a few of ggml 0.15.3's known findings keep being found (so
+this suite demonstrably fails on a wrong backward). The run uses an empty baseline so that
+outcomes are the raw ones, not the shipped baseline's xfails.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+import pytest_gradgate
+from pytest_gradgate.cache import cache_root, file_lock
+from pytest_gradgate.expr import ops_used, parse_graph
+from pytest_gradgate.loader import load_file
+from pytest_gradgate.ops import OPS
+
+BUILTIN = Path(pytest_gradgate.__file__).parent / "cases.yaml"
+USER_CACHE = cache_root()
+
+# ops the suite does not check, and why
+NOT_IN_SUITE = {
+    "clamp": "ggml_clamp is always in place (a view of its input), which ggml_build_backward_expand rejects",
+}
+
+DUMP_PLUGIN = '''
+import json, os
+reports = []
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or report.outcome != "passed":
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else ""
+        reports.append({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+                        "text": str(longrepr or ""), "reason": reason,
+                        "result": getattr(report, "gradgate_result", None)})
+
+def pytest_sessionfinish(session):
+    with open(os.environ["GRADGATE_TEST_DUMP"], "w") as out:
+        json.dump(reports, out)
+'''
+
+
+def _run_suite(workdir):
+    """pytest --gradgate in a bare directory -> list of report dicts (setup errors included)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "gradgate_dump.py").write_text(textwrap.dedent(DUMP_PLUGIN))
+    baseline = workdir / "empty-baseline.json"
+    baseline.write_text(json.dumps({"schema": 1, "entries": {}}))
+    dump = workdir / "reports.json"
+    env = dict(os.environ, GRADGATE_CACHE_DIR=str(USER_CACHE), GRADGATE_TEST_DUMP=str(dump),
+               PYTHONPATH=os.pathsep.join([str(workdir), os.environ.get("PYTHONPATH", "")]))
+    for name in ("GRADGATE_BASELINE", "GRADGATE_CASES", "GRADGATE_GGML_SRC", "GRADGATE_BACKEND", "GRADGATE_MODE"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--gradgate", "-q", "-p", "no:cacheprovider",
+                           "-p", "gradgate_dump", f"--gradgate-baseline={baseline}"],
+                          cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
+    assert dump.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(dump.read_text())
+
+
+@pytest.fixture(scope="session")
+def suite_reports(tmp_path_factory, default_build):
+    """The run's reports, computed once even under pytest-xdist (workers share the file)."""
+    shared = tmp_path_factory.getbasetemp().parent / "gradgate-builtin-suite"
+    with file_lock(str(shared) + ".lock"):
+        done = shared / "reports.json"
+        if done.exists():
+            return json.loads(done.read_text())
+        return _run_suite(shared)
+
+
+def _loaded():
+    loaded, errors = load_file(BUILTIN, builtin=True)
+    return loaded, errors
+
+
+def test_builtin_suite_loads_without_errors():
+    loaded, errors = _loaded()
+    assert [str(e) for e in errors] == []
+    assert sum(len(entry.cases) for entry in loaded) >= 250
+
+
+def test_every_op_is_checked_through_none_and_three_non_contiguous_consumers():
+    loaded, _ = _loaded()
+    consumers_of = defaultdict(set)
+    for entry in loaded:
+        for case in entry.cases:
+            for op in ops_used(parse_graph(case.graph)):
+                consumers_of[op].add(case.consumer)
+    for name in OPS:
+        if name in NOT_IN_SUITE:
+            assert name not in consumers_of, f"{name} is in the suite now: drop it from NOT_IN_SUITE"
+            continue
+        seen = consumers_of.get(name, set())
+        assert "none" in seen and len(seen - {"none"}) >= 3, f"{name}: consumers {sorted(seen)}"
+
+
+def test_the_run_collects_the_whole_suite(suite_reports):
+    loaded, _ = _loaded()
+    expected = {f"pytest_gradgate/cases.yaml::{c.name}[{c.variant}]" for entry in loaded for c in entry.cases}
+    ran = {r["nodeid"] for r in suite_reports if r["when"] == "call"}
+    assert ran == expected
+
+
+def test_every_item_ends_passed_failed_with_a_diagnosis_or_skipped_with_a_reason(suite_reports):
+    assert [r["nodeid"] for r in suite_reports if r["when"] != "call"] == []    # no setup errors
+    for r in suite_reports:
+        result = r["result"]
+        assert result is not None, r["nodeid"]
+        if r["outcome"] == "passed":
+            assert result["status"] == "passed", r["nodeid"]
+        elif r["outcome"] == "failed":
+            assert result["status"] in ("failed", "crashed", "timeout", "error"), r["nodeid"]
+            assert result["diagnosis"] and result["diagnosis"] in r["text"], r["nodeid"]
+        else:
+            assert r["outcome"] == "skipped", r["nodeid"]
+            assert r["reason"].startswith("Skipped: no backward for "), (r["nodeid"], r["reason"])
+
+
+def test_every_case_that_ran_has_power(suite_reports):
+    """Fails when a case is blind: e.g. `sqrt` with loss sqr (sum(sqrt(a)^2) = sum(a), an
+    all-ones gradient) instead of wsqr was measured power=False."""
+    compared = [r["result"] for r in suite_reports if r["result"]["phase"] == "done"]
+    assert len(compared) > 100
+    assert [r["case_id"] for r in compared if r["power"] is not True] == []
+
+
+# Findings on ggml 0.15.3 (CPU) the suite must keep making: if one of these passes, either
+# ggml changed (then update this list) or the suite lost its power to see it.
+KNOWN_FINDINGS = {
+    "silu[transpose-sqr-cpu]": ("failed", "values disagree"),
+    "pool_2d_avg[permute_1203-sqr-cpu]": ("failed", "right values at wrong positions"),
+    "acc[transpose-sqr-cpu]": ("failed", "b: "),
+    "add1_vector[none-sqr-cpu]": ("failed", "wrong scale: analytic = 0.1667 x numeric"),
+    "im2col[permute_0213_transpose-sqr-cpu]": ("failed", "values disagree"),
+    "sqrt[transpose-wsqr-cpu]": ("crashed", "GGML_ASSERT(nb00 == sizeof(src0_t)) failed"),
+    "soft_max_ext_scale_mask[permute_1203-wsqr-cpu]": ("crashed", "GGML_ASSERT(ggml_is_contiguous(src0))"),
+    "concat_dim1[permute_0213_transpose-sqr-cpu]": ("crashed", "no backward for CONCAT in this ggml"),
+}
+
+
+@pytest.mark.parametrize("case_id", list(KNOWN_FINDINGS))
+def test_known_findings_on_the_default_ggml(case_id, suite_reports):
+    by_id = {r["result"]["case_id"]: r["result"] for r in suite_reports}
+    status, text = KNOWN_FINDINGS[case_id]
+    assert by_id[case_id]["status"] == status
+    assert text in by_id[case_id]["diagnosis"]
