@@ -18,6 +18,7 @@ from .errors import CaseError, GradgateError
 from .fixtures import gradgate  # noqa: F401  (registers the fixture)
 from .isolation import Runner
 from .loader import load_file
+from . import report_html
 from .report_text import format_result
 from .result import Result
 from .source import resolve_source
@@ -108,6 +109,12 @@ def pytest_configure(config):
     state = GateState(config)
     config.stash[STATE] = state
     config.pluginmanager.register(ResultCollector(state), "gradgate-results")
+    if state.settings["html"]:
+        # fail now, not after a long run whose report could then not be drawn
+        try:
+            report_html.require_matplotlib()
+        except ImportError as exc:
+            raise pytest.UsageError(str(exc)) from None
     if not state.enabled:
         return
     if "cuda" in state.backends and not _gpu_visible():
@@ -191,6 +198,23 @@ class ResultCollector:
             self.state.results.append(result)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    state = state_of(session.config)
+    path = state.settings["html"]
+    # under xdist only the controller writes: it has every worker's results
+    if not path or hasattr(session.config, "workerinput") or not (state.enabled or state.results):
+        return
+    meta = {"exit status": int(exitstatus)}
+    if state.build is not None:
+        meta["ggml"] = f"{state.build.info.get('ggml_version')} from {state.source.label}"
+        meta["library"] = str(state.build.library)
+    try:
+        target = Path(session.config.invocation_params.dir) / path
+        state.html_report = str(report_html.write(target, state.results, meta))
+    except OSError as exc:
+        state.html_report = exc
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     state = state_of(config)
     failed = [r for r in state.results if r["status"] in ("failed", "crashed", "timeout", "error")
@@ -206,6 +230,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_sep("-", "gradgate blind cases (a scrambled gradient would pass them)")
         for r in blind:
             terminalreporter.write_line(f"{r['case_id']}: {r.get('diagnosis')}")
+    written = getattr(state, "html_report", None)
+    if isinstance(written, OSError):
+        terminalreporter.write_line(f"gradgate: could not write the HTML report (--gradgate-html): {written}", red=True)
+    elif written:
+        terminalreporter.write_line(f"gradgate: HTML report written to {written}")
 
 
 def pytest_unconfigure(config):

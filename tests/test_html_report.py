@@ -1,0 +1,261 @@
+"""--gradgate-html: the self-contained HTML report with gradient heatmaps.
+
+Every report here comes from a real `pytest --gradgate` run on a real ggml build: passes only,
+a real crash (sqrt through a transpose aborts in ggml 0.15.3's CPU kernel), and the CONCAT
+story on the concat-buggy variant. The screenshot test renders the story's report in headless
+Chromium (skipped where no chromium is installed; .ci/run does not install it).
+"""
+
+import base64
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from pytest_gradgate import report_html
+
+REPO = Path(__file__).resolve().parents[1]
+SCREENSHOT = REPO / "bench" / "screenshot_report.py"
+
+PASSING = """\
+cases:
+  - name: add_plain
+    params: {a: [4, 3], b: [4, 3]}
+    graph: add(a, b)
+    consumers: [none, transpose]
+"""
+CRASHING = PASSING + """\
+  - name: sqrt_through_transpose
+    params: {a: [4, 3]}
+    init: {a: {abs: [0.5, 1.5]}}
+    graph: sqrt(a)
+    consumers: [transpose]
+"""
+STORY = """\
+cases:
+  - name: concat_story
+    params: {a: [4, 3, 5, 1], b: [4, 2, 5, 1]}
+    graph: concat(a, b, dim=1)
+    consumers: [none, permute_0213_transpose]
+"""
+
+
+class ReportParser(HTMLParser):
+    """The parts of a report the tests look at: summary rows, images, case sections."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows, self.images, self.sections, self.captions, self.stderr = [], [], [], [], []
+        self._stack, self._text = [], None
+        self._in_summary = False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "table" and attrs.get("id") == "summary":
+            self._in_summary = True
+        elif tag == "tr" and self._in_summary:
+            self.rows.append({"class": attrs.get("class"), "cells": []})
+        elif tag == "td" and self._in_summary and self.rows:
+            self.rows[-1]["cells"].append(attrs.get("data-sort"))
+        elif tag == "img":
+            self.images.append(attrs)
+        elif tag == "section":
+            self.sections.append(attrs)
+        elif tag in ("figcaption", "pre"):
+            self._text = (tag, attrs, [])
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self._in_summary = False
+        if self._text and tag == self._text[0]:
+            text = "".join(self._text[2])
+            (self.captions if tag == "figcaption" else self.stderr).append(text)
+            self._text = None
+
+    def handle_data(self, data):
+        if self._text:
+            self._text[2].append(data)
+
+
+def parse(path):
+    parser = ReportParser()
+    parser.feed(Path(path).read_text(encoding="utf-8"))
+    parser.rows = [r for r in parser.rows if r["cells"]]    # drop the header row
+    return parser
+
+
+def png_size(src):
+    """(width, height) of a data: URI's PNG, after checking it decodes as one."""
+    prefix = "data:image/png;base64,"
+    assert src.startswith(prefix)
+    data = base64.b64decode(src[len(prefix):], validate=True)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def run_gate(workdir, cases, *args, ggml_src=None):
+    """A real `pytest --gradgate` in a subprocess, as CI runs it."""
+    (workdir / "gradgate_cases.yaml").write_text(cases)
+    cmd = [sys.executable, "-m", "pytest", "--gradgate", "--gradgate-no-builtin", "-p", "no:cacheprovider",
+           "-q", "gradgate_cases.yaml", *args]
+    if ggml_src:
+        cmd.append(f"--gradgate-ggml-src={ggml_src}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADGATE_")}
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def story_report(tmp_path_factory, ggml_variant):
+    """The story's report: CONCAT through permute_0213_transpose on the concat-buggy ggml."""
+    pytest.importorskip("matplotlib")
+    root, _ = ggml_variant("concat-buggy")
+    workdir = tmp_path_factory.mktemp("story")
+    proc = run_gate(workdir, STORY, "--gradgate-html=out/report.html", ggml_src=root)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    return workdir / "out" / "report.html"
+
+
+def test_passes_only(pytester, default_build):
+    pytest.importorskip("matplotlib")
+    pytester.makefile(".yaml", gradgate_cases=PASSING)
+    result = pytester.runpytest("--gradgate", "--gradgate-no-builtin", "--gradgate-html=report.html",
+                                "gradgate_cases.yaml")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["gradgate: HTML report written to *report.html"])
+    report = parse(pytester.path / "report.html")
+    assert [r["class"] for r in report.rows] == ["passed", "passed"]
+    assert report.images == [] and report.sections == []     # nothing to draw when all passed
+    assert "2 passed" in (pytester.path / "report.html").read_text()
+
+
+def test_crash_shows_message_and_stderr(pytester, default_build):
+    """sqrt's backward through a transpose aborts in ggml 0.15.3 (GGML_ASSERT in binary-ops.cpp)."""
+    pytest.importorskip("matplotlib")
+    pytester.makefile(".yaml", gradgate_cases=CRASHING)
+    result = pytester.runpytest("--gradgate", "--gradgate-no-builtin", "--gradgate-html=out/r.html",
+                                "gradgate_cases.yaml")
+    result.assert_outcomes(passed=2, failed=1)
+    report = parse(pytester.path / "out" / "r.html")
+    # failures first: the crash heads the table although its name sorts after add_plain
+    assert [r["class"] for r in report.rows] == ["crashed", "passed", "passed"]
+    assert [s["class"] for s in report.sections] == ["case crashed"]
+    assert len(report.stderr) == 1 and "GGML_ASSERT" in report.stderr[0]
+    text = (pytester.path / "out" / "r.html").read_text()
+    assert "SIGABRT" in text and "phase compute" in text
+    assert report.images == []                 # a crash has no gradients to draw
+
+
+@pytest.mark.slow
+def test_story_failure_has_heatmaps(story_report):
+    """The CONCAT story: both params fail, every (i2, i3) slice is drawn, named and decodable.
+
+    With the fix (concat-fixed) the case passes and there would be no section and no image;
+    here the checks fail if images are missing, empty, unnamed or undecodable."""
+    report = parse(story_report)
+    assert [r["class"] for r in report.rows] == ["failed", "passed"]
+    assert [s["class"] for s in report.sections] == ["case failed"]
+    slices = [f"{p}[:, :, {i2}, 0]" for p in "ab" for i2 in range(5)]
+    for name in slices:
+        assert any(c.startswith(name + " ") for c in report.captions), name
+    assert {i["alt"] for i in report.images} == set(slices) | {"a: all slices", "b: all slices"}
+    for img in report.images:
+        width, height = png_size(img["src"])
+        assert 400 <= width <= 2500 and 150 <= height <= 2500, (img["alt"], width, height)
+    text = story_report.read_text()
+    assert "values disagree" in text and "index [i0, i1, i2, i3]" in text     # worst elements
+
+
+def test_without_matplotlib_fails_fast(tmp_path):
+    """Without the extra, --gradgate-html is a usage error naming it, before any build or run.
+
+    matplotlib is made unimportable the way a missing package is: a meta-path finder that a
+    `-p` plugin installs before pytest configures anything (works whether or not matplotlib
+    is installed here)."""
+    (tmp_path / "no_matplotlib.py").write_text(
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'matplotlib' or name.startswith('matplotlib.'):\n"
+        "            raise ModuleNotFoundError(f\"No module named '{name}'\", name=name)\n"
+        "sys.meta_path.insert(0, Block())\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    check = subprocess.run([sys.executable, "-c", "import no_matplotlib, matplotlib"], env=env,
+                           capture_output=True, text=True)
+    assert "No module named 'matplotlib'" in check.stderr        # the block is real
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no_matplotlib", "-p", "no:cacheprovider",
+                           "--gradgate", "--gradgate-html=r.html"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
+    assert "pytest-gradgate[report]" in proc.stderr and "--gradgate-html" in proc.stderr
+    assert report_html.MISSING_MATPLOTLIB in proc.stderr
+    assert "collected" not in proc.stdout and not (tmp_path / "r.html").exists()
+
+
+def test_everything_from_a_case_is_escaped():
+    """Names, messages and stderr come from users and from ggml: none may become markup."""
+    evil = '<script>alert("x")</script>'
+    result = {"case_id": evil, "name": evil, "consumer": "none", "loss": "sqr", "backend": "cpu", "op": evil,
+              "status": "crashed", "phase": "compute", "diagnosis": evil, "message": evil, "signal": "SIGABRT",
+              "stderr_tail": evil + "\n", "params": [], "origin": {"path": evil, "line": 1}}
+    text = report_html.render([result], meta={evil: evil})
+    assert "<script>alert" not in text and text.count("&lt;script&gt;") >= 6
+
+
+needs_chromium = pytest.mark.skipif(
+    not any(shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")),
+    reason="no chromium installed (apt-get install chromium); .ci/run does not install it")
+
+
+def _colour_pixels(png):
+    """Pixels of the heatmaps' saturated reds and blues (RdBu ends) in a screenshot."""
+    from PIL import Image
+    image = Image.open(png).convert("RGB")
+    count = 0
+    for r, g, b in image.getdata():
+        if (r > 150 and g < 110 and b < 110) or (b > 130 and r < 90 and g < 130):
+            count += 1
+    return image.size, count
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_screenshot_shows_the_heatmaps(story_report, tmp_path):
+    """Render the story's report headless: the heatmaps are on screen, legibly large.
+
+    Control: the same page with the image data removed renders (nearly) none of the heatmap
+    colours, so the count really measures the drawn images, not the page's badges."""
+    shot = tmp_path / "shot.png"
+    proc = subprocess.run([sys.executable, str(SCREENSHOT), str(story_report), str(shot), "--height", "1600"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    size, coloured = _colour_pixels(shot)
+    assert size == (1400, 1600)
+    blank = tmp_path / "blank.html"
+    blank.write_text(story_report.read_text().replace("data:image/png;base64,", "data:image/png;base64,x"))
+    subprocess.run([sys.executable, str(SCREENSHOT), str(blank), str(tmp_path / "blank.png"), "--height", "1600"],
+                   check=True, capture_output=True, timeout=300)
+    _, coloured_blank = _colour_pixels(tmp_path / "blank.png")
+    assert coloured > 30000 and coloured_blank < 3000, (coloured, coloured_blank)
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_summary_sorts_in_a_browser(story_report, tmp_path):
+    """The inline script sorts by a clicked column (MAA ascending, then descending)."""
+    page = story_report.read_text().replace(
+        "</body>", "<script>var th = document.querySelector('#summary th[data-col=\"5\"]');"
+        " th.click(); document.title = 'asc:' + document.querySelector('#summary tbody tr').className;"
+        " th.click(); document.title += ' desc:' + document.querySelector('#summary tbody tr').className;"
+        "</script></body>")
+    (tmp_path / "sort.html").write_text(page)
+    chromium = next(shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n))
+    proc = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                           f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
+                           (tmp_path / "sort.html").as_uri()], capture_output=True, text=True, timeout=120)
+    assert "<title>asc:passed desc:failed</title>" in proc.stdout, proc.stdout[:500]
