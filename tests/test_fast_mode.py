@@ -1,0 +1,108 @@
+"""Fast mode (directional derivatives) on real builds: it catches the story's CONCAT scramble at
+an attention-sized KV cache, passes the fixed backward, stays blind where a scramble cannot be
+seen, keeps its numeric estimate precise on large tensors, and --gradgate-mode fast reaches
+every case. Speed targets (10^6 elements in < 2 s) are measured in pytest_gradgate/bench.py."""
+
+import textwrap
+
+import numpy as np
+import pytest
+
+from pytest_gradgate import directional
+from pytest_gradgate.case import Case
+from pytest_gradgate.engine import run_case
+from pytest_gradgate.isolation import Runner
+
+# a 1.5B model's KV cache (head_dim 128, 2 KV heads): 192 cached tokens + 64 new ones, consumed
+# as attention consumes V: permute(0,2,1,3) then cont(transpose(...))
+KV = {"a": [128, 192, 2, 1], "b": [128, 64, 2, 1]}
+
+
+def kv_case(loss="sqr", consumer="permute_0213_transpose"):
+    return Case(name="kv_concat", graph="concat(a, b, dim=1)", params=KV, consumer=consumer, loss=loss,
+                mode="fast")
+
+
+@pytest.fixture(scope="module")
+def run_on(ggml_variant):
+    runners = {}
+
+    def run(variant, c):
+        if variant not in runners:
+            runners[variant] = Runner(ggml_variant(variant)[1].library, isolate="case")
+        return runners[variant].run(c)
+    yield run
+    for r in runners.values():
+        r.close()
+
+
+@pytest.mark.slow
+def test_fast_mode_flags_the_buggy_concat_at_attention_size_and_locates_it(run_on):
+    r = run_on("concat-buggy", kv_case())
+    assert r.status == "failed", r.message
+    assert r.mode == "fast" and r.maa > 0.1 and r.power is True
+    bad = next(p for p in r.params if not p["passed"])
+    # the directions found it; a sample of elements, checked one by one, says where and what
+    assert bad["fast"]["forward_passes"] <= 4 * 6 * 2
+    assert bad["located"]["n_mismatched"] > 0 and bad["worst"], bad
+    assert len(bad["worst"][0]["index"]) == 4
+    assert "right values at wrong positions" in r.diagnosis, r.diagnosis
+
+
+@pytest.mark.slow
+def test_fast_mode_passes_the_fixed_concat_with_power(run_on):
+    r = run_on("concat-fixed", kv_case())
+    assert r.status == "passed", r.message
+    assert r.power is True and r.maa <= r.limit < 1e-3
+
+
+@pytest.mark.slow
+def test_fast_mode_with_sum_loss_is_blind_on_the_buggy_concat(run_on):
+    """All-ones incoming gradient: any scramble of it projects the same on every direction."""
+    r = run_on("concat-buggy", kv_case(loss="sum"))
+    assert r.status == "passed" and r.power is False, r.message
+
+
+def test_directions_are_rademacher_so_each_element_moves_by_eps():
+    d = directional.rademacher(0, 6, 1000)
+    assert d.dtype == np.float32 and set(np.unique(d)) == {-1.0, 1.0}
+
+
+def test_large_tensor_estimate_is_precise_and_the_step_choice_is_what_makes_it(lib, monkeypatch):
+    """2.6e5 loss terms: at the case's eps the f32 roundoff of the loss alone is ~1e-3 of the
+    directional derivative; the step grown by what is missing brings the bound near max_maa.
+    Pinning the step to eps (STEP_GROWTH_MAX = 1) shows the loose limit the growth avoids."""
+    c = Case(name="big", graph="mul(a, b)", params={"a": [128, 256, 8], "b": [128, 256, 8]}, mode="fast")
+    r = run_case(c, lib)
+    assert r.status == "passed", r.message
+    bound = max(p["fast"]["relative_error_bound"] for p in r.params)
+    assert bound < 1e-4, bound
+    assert all(s > c.eps for p in r.params for s in p["fast"]["steps"])
+    monkeypatch.setattr(directional, "STEP_GROWTH_MAX", 1.0)
+    pinned = run_case(c, lib)
+    pinned_bound = max(p["fast"]["relative_error_bound"] for p in pinned.params)
+    assert pinned_bound > 3 * bound and pinned_bound > 2e-4, (pinned_bound, bound)
+
+
+def test_nonlinear_op_keeps_the_step_where_truncation_would_grow(lib):
+    """exp over a large tensor: a longer step's truncation gap is measured, not assumed."""
+    c = Case(name="big_exp", graph="exp(a)", params={"a": [256, 512]}, mode="fast", init={"a": [-1, 1]})
+    r = run_case(c, lib)
+    assert r.status == "passed", r.message
+    assert r.maa <= r.limit < 1e-3
+
+
+def test_gradgate_mode_fast_overrides_every_case(pytester, default_build):
+    path = pytester.makefile(".yaml", big_cases=textwrap.dedent("""\
+        cases:
+          - name: big_mul
+            params: {a: [64, 64, 16], b: [64, 64, 16]}
+            graph: mul(a, b)
+            consumers: [none]
+        """))
+    reprec = pytester.inline_run("--gradgate", "--gradgate-no-builtin", "--gradgate-mode", "fast",
+                                 "--gradgate-cases", str(path), "-p", "no:cacheprovider")
+    reports = [r for r in reprec.getreports("pytest_runtest_logreport") if r.when == "call"]
+    assert len(reports) == 1 and reports[0].passed
+    result = reports[0].gradgate_result
+    assert result["mode"] == "fast" and result["params"][0]["fast"]["directions"] == 6
