@@ -156,3 +156,31 @@ def test_known_findings_on_the_default_ggml(case_id, suite_reports):
     status, text = KNOWN_FINDINGS[case_id]
     assert by_id[case_id]["status"] == status
     assert text in by_id[case_id]["diagnosis"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["concat-fixed", "concat-buggy"])
+def test_the_suite_catches_the_concat_story(variant, ggml_variant):
+    """On ggml patched with a CONCAT backward, the built-in concat cases and the KV walk run
+    (they are skipped on upstream 0.15.3): the fixed backward passes every one of them that
+    gets through ggml's own kernels; the buggy one (slicing with the forward's strides) fails
+    each concat case behind a non-contiguous consumer and the KV walk even through `none`,
+    because the attention itself transposes V after the concat."""
+    from pytest_gradgate.isolation import Runner
+    _, build = ggml_variant(variant)
+    loaded, _ = _loaded()
+    cases = [c for entry in loaded if entry.name.startswith(("concat_", "kv_walk")) and entry.name != "kv_walk_query"
+             for c in entry.cases if c.consumer != "transpose_view_gap"]     # that one aborts in ggml's ACC
+    runner = Runner(build.library)
+    try:
+        results = {c.id: runner.run(c) for c in cases}
+    finally:
+        runner.close()
+    if variant == "concat-fixed":
+        assert {cid: r.status for cid, r in results.items() if r.status != "passed"} == {}
+        assert all(r.power for r in results.values())
+    else:
+        expect_pass = {cid for cid in results if cid.startswith("concat_") and "[none-" in cid}
+        assert {cid for cid, r in results.items() if r.status == "passed"} == expect_pass
+        assert all(r.status == "failed" for cid, r in results.items() if cid not in expect_pass)
+        assert "right values at wrong positions" in results["concat_dim1[permute_0213_transpose-sqr-cpu]"].diagnosis
