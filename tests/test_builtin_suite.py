@@ -1,5 +1,6 @@
 """The built-in suite (pytest_gradgate/cases.yaml) on the default ggml, run once the way a
-user runs it: `pytest --gradgate` in a directory of its own, every report recorded.
+user runs it: `pytest --gradgate` in a directory of its own, every report recorded (the
+fast-mode file cases_fast.yaml is left out: it has tests of its own).
 
 Checked here: it collects every case the loader finds and nothing invalid; every item ends
 passed, failed with a diagnosis, or skipped with a reason; every case that ran to the
@@ -62,8 +63,10 @@ def _run_suite(workdir):
                PYTHONPATH=os.pathsep.join([str(workdir), os.environ.get("PYTHONPATH", "")]))
     for name in ("GRADGATE_BASELINE", "GRADGATE_CASES", "GRADGATE_GGML_SRC", "GRADGATE_BACKEND", "GRADGATE_MODE"):
         env.pop(name, None)
+    # only cases.yaml: the built-in fast-mode file (cases_fast.yaml) has tests of its own
     proc = subprocess.run([sys.executable, "-m", "pytest", "--gradgate", "-q", "-p", "no:cacheprovider",
-                           "-p", "gradgate_dump", f"--gradgate-baseline={baseline}"],
+                           "-p", "gradgate_dump", f"--gradgate-baseline={baseline}",
+                           "--gradgate-no-builtin", f"--gradgate-cases={BUILTIN}"],
                           cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
     assert dump.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(dump.read_text())
@@ -72,7 +75,9 @@ def _run_suite(workdir):
 @pytest.fixture(scope="session")
 def suite_reports(tmp_path_factory, default_build):
     """The run's reports, computed once even under pytest-xdist (workers share the file)."""
-    shared = tmp_path_factory.getbasetemp().parent / "gradgate-builtin-suite"
+    base = tmp_path_factory.getbasetemp()
+    # under xdist each worker's basetemp is a child of the session's: share that one
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "gradgate-builtin-suite"
     with file_lock(str(shared) + ".lock"):
         done = shared / "reports.json"
         if done.exists():
