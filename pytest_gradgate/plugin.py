@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from . import settings
+from . import baseline as baseline_file
+from . import outputs, settings
 from .build import BuildOptions, ensure_build
 from .errors import CaseError, GradgateError
 from .fixtures import gradgate  # noqa: F401  (registers the fixture)
@@ -53,6 +54,8 @@ class GateState:
         self._runner = None
         self.results = []
         self.start_failures_in_a_row = 0
+        self.baseline = None            # known failures (baseline.Baseline), see load_baseline
+        self.update_baseline = config.getoption("gradgate_update_baseline")
 
     # -- build ---------------------------------------------------------------------------
     def build_options(self):
@@ -82,6 +85,22 @@ class GateState:
                 tr.write_line(f"gradgate: {text}")
         return show
 
+    def load_baseline(self):
+        """The baseline given, else the shipped one when the source is the pinned default."""
+        path = self.settings["baseline"]
+        if path is None and self.source.origin == "default":
+            path = baseline_file.DEFAULT_BASELINE
+        if self.update_baseline and path is None:
+            raise GradgateError("--gradgate-update-baseline: name the file to write with --gradgate-baseline FILE "
+                                "(or ini gradgate_baseline / env GRADGATE_BASELINE)")
+        if path is None:
+            return None
+        if self.update_baseline and not Path(path).exists():
+            self.baseline = baseline_file.Baseline(path)
+        else:
+            self.baseline = baseline_file.Baseline.load(path)
+        return self.baseline
+
     def runner(self):
         if self._runner is None:
             build = self.ensure_build()
@@ -109,6 +128,7 @@ def pytest_configure(config):
     state = GateState(config)
     config.stash[STATE] = state
     config.pluginmanager.register(ResultCollector(state), "gradgate-results")
+    config.pluginmanager.register(outputs.GateOutputs(state), "gradgate-outputs")
     if state.settings["html"]:
         # fail now, not after a long run whose report could then not be drawn
         try:
@@ -143,6 +163,7 @@ def pytest_sessionstart(session):
         return
     try:
         state.ensure_build()
+        state.load_baseline()
     except GradgateError as exc:
         raise pytest.UsageError(f"gradgate: {exc}") from None
 
@@ -157,7 +178,18 @@ def pytest_report_header(config):
     return [f"gradgate: ggml {library_ggml_version(state.build.library)} from {state.source.label}",
             f"gradgate: {info['options']['build_type']} build for {', '.join(state.backends)} ({how}): "
             f"{state.build.library}",
-            f"gradgate: isolate={state.settings['isolate']}"]
+            f"gradgate: isolate={state.settings['isolate']}"] + _baseline_header(state, info)
+
+
+def _baseline_header(state, info):
+    b = state.baseline
+    if b is None:
+        return []
+    line = f"gradgate: baseline {b.path} ({len(b)} known failures"
+    if b.ggml_version and b.ggml_version != info.get("ggml_version"):
+        line += f", recorded on ggml {b.ggml_version}"
+    line += "; rewritten at the end of this run)" if state.update_baseline else ")"
+    return [line]
 
 
 def pytest_collect_file(file_path, parent):
@@ -182,6 +214,10 @@ def pytest_runtest_makereport(item, call):
         data = result.to_dict()
         data["outcome"] = "xfailed" if hasattr(report, "wasxfail") else report.outcome
         data["skip_reason"] = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
+        data["baseline"] = getattr(item, "gradgate_baseline", None)    # "known", "stale" or None
+        data["nodeid"] = item.nodeid
+        if data["baseline"] == "stale":
+            data["message"] = getattr(item, "gradgate_stale_text", data["message"])
         report.gradgate_result = data
     return report
 
@@ -217,15 +253,12 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     state = state_of(config)
-    failed = [r for r in state.results if r["status"] in ("failed", "crashed", "timeout", "error")
-              and r.get("outcome") == "failed"]
+    failed = outputs.failed_results(state.results)     # incl. crashes, timeouts, stale baseline entries
     blind = [r for r in state.results if r["status"] == "passed" and r.get("power") is False]
     if failed:
         terminalreporter.write_sep("=", "gradgate failures")
         for r in failed:
-            maa = f"MAA {r['maa']:.3g}" if r.get("maa") is not None else r["status"]
-            terminalreporter.write_line(f"{r['case_id']}: {maa}, phase {r['phase']}: "
-                                        f"{r.get('diagnosis') or r.get('message')}")
+            terminalreporter.write_line(f"{r['case_id']}: {outputs.one_line(r)}")
     if blind:
         terminalreporter.write_sep("-", "gradgate blind cases (a scrambled gradient would pass them)")
         for r in blind:
@@ -311,15 +344,29 @@ def _track_start_failures(state, result, session):
 
 
 def _decide(item, result):
-    """Turn a Result into pytest's outcome."""
+    """Turn a Result into pytest's outcome; the baseline turns known failures into xfails."""
     if result.stderr_tail:
         item.add_report_section("call", "ggml stderr", result.stderr_tail)
     if result.status == "skipped":
         pytest.skip(result.message)
+    baseline = state_of(item.config).baseline
+    known = baseline.get(item.case.id) if baseline is not None else None
+    update = state_of(item.config).update_baseline
     if result.status == "passed":
         if result.power is False:
             item.warn(pytest.PytestWarning(f"gradgate: {item.case.id} is blind: {result.diagnosis}"))
+        if known and not update:
+            # like a strict xfail: a fixed case must leave the baseline, or it could regress unseen
+            item.gradgate_baseline = "stale"
+            item.gradgate_stale_text = baseline_file.stale_text(item.case.id, known, baseline.path)
+            raise GradgateFailure(result, text=item.gradgate_stale_text)
         return
     if item.case.builtin and result.no_backward:
         pytest.skip(f"{result.diagnosis} ({result.message})")
+    if update:
+        item.gradgate_baseline = "known"
+        pytest.xfail(f"recorded in the new baseline {baseline.path}: {baseline_file.reason_of(result)}")
+    if known:
+        item.gradgate_baseline = "known"
+        pytest.xfail(baseline_file.xfail_reason(known, result))
     raise GradgateFailure(result)

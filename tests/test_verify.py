@@ -1,0 +1,123 @@
+"""`gradgate verify`: real builds of a ggml tree with and without a change, real pytest runs
+on both. The change is DESIGN.md's fix: concat-buggy -> concat-fixed (variants.py). The
+permute_0213_transpose/SQR case gates it; its SUM-loss twin cannot (the all-ones gradient of
+a SUM loss survives the scramble), which is why verify exits 1 when both are selected."""
+
+import difflib
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from pytest_gradgate import verify
+
+pytestmark = pytest.mark.slow      # builds the concat variants (shared with test_gate.py)
+
+SQR_ID = "concat_dim1[permute_0213_transpose-sqr-cpu]"
+SUM_ID = "concat_dim1[permute_0213_transpose-sum-cpu]"
+CASES = """\
+cases:
+  - name: concat_dim1
+    params: {a: [4, 3, 5, 1], b: [4, 2, 5, 1]}
+    graph: concat(a, b, dim=1)
+    consumers: [permute_0213_transpose]
+    loss: [sqr, sum]
+"""
+
+
+@pytest.fixture(autouse=True)
+def outside_ci(monkeypatch):
+    for name in ("GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY", "GRADGATE_GGML_SRC", "GRADGATE_BASELINE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def cases(tmp_path):
+    path = tmp_path / "concat_cases.yaml"
+    path.write_text(CASES)
+    return path
+
+
+@pytest.fixture
+def fix_patch(tmp_path, ggml_variant):
+    """The fix as a reviewer sees it: a unified diff from the buggy to the fixed src/ggml.c."""
+    buggy, _ = ggml_variant("concat-buggy")
+    fixed, _ = ggml_variant("concat-fixed")
+    diff = difflib.unified_diff((buggy / "src/ggml.c").read_text().splitlines(keepends=True),
+                                (fixed / "src/ggml.c").read_text().splitlines(keepends=True),
+                                "a/src/ggml.c", "b/src/ggml.c")
+    path = tmp_path / "fix-concat.patch"
+    path.write_text("".join(diff))
+    return path
+
+
+def rows(out):
+    """case id -> (with, without, gates) from verify's table."""
+    found = {}
+    for line in out.splitlines():
+        m = re.match(r"^(\S+\[\S+\])\s{2,}(.+?)\s{2,}(.+?)\s{2,}(yes|NO)$", line)
+        if m:
+            found[m.group(1)] = (m.group(2), m.group(3), m.group(4))
+    return found
+
+
+def test_sqr_case_gates_the_concat_fix_and_the_sum_twin_does_not(ggml_variant, fix_patch, cases, capsys):
+    fixed, _ = ggml_variant("concat-fixed")
+    code = verify.main(["--revert", str(fix_patch), "--ggml-src", str(fixed), "--cases", str(cases)])
+    out = capsys.readouterr().out
+    table = rows(out)
+    assert code == 1, out
+    assert table[SQR_ID][0].startswith("passed") and table[SQR_ID][1].startswith("failed (MAA ")
+    assert table[SQR_ID][2] == "yes"
+    assert table[SUM_ID][0].startswith("passed") and table[SUM_ID][1].startswith("passed")
+    assert table[SUM_ID][2] == "NO"
+    assert "1 of 2 selected cases do NOT gate" in out
+
+    code = verify.main(["--revert", str(fix_patch), "--ggml-src", str(fixed), "--cases", str(cases), "-k", "sqr"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert set(rows(out)) == {SQR_ID} and "all 1 selected cases gate" in out
+
+
+def test_a_git_commit_can_be_reverted(ggml_variant, cases, tmp_path, capsys):
+    """--revert REF: the tree is a git repository whose last commit is the fix."""
+    buggy, _ = ggml_variant("concat-buggy")
+    fixed, _ = ggml_variant("concat-fixed")
+    repo = tmp_path / "ggml"
+    shutil.copytree(buggy, repo)
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                       stdout=subprocess.DEVNULL)
+    git("init", "-q")
+    git("add", "src/ggml.c")
+    git("commit", "-qm", "CONCAT backward")
+    shutil.copy2(fixed / "src/ggml.c", repo / "src/ggml.c")
+    git("commit", "-qam", "CONCAT backward: slice a contiguous copy of the gradient")
+
+    code = verify.main(["--revert", "HEAD", "--ggml-src", str(repo), "--cases", str(cases), "-k", "sqr"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert rows(out)[SQR_ID][2] == "yes" and "commit " in out
+
+    code = verify.main(["--revert", "no-such-ref", "--ggml-src", str(repo), "--cases", str(cases)])
+    assert code == 2
+    assert "--revert no-such-ref: no such file, and no such commit in" in capsys.readouterr().err
+
+
+def test_a_patch_that_does_not_apply_is_a_clear_error(ggml_variant, fix_patch, cases, capsys):
+    """The buggy tree does not contain the fix, so the fix cannot be reverted from it."""
+    buggy, _ = ggml_variant("concat-buggy")
+    code = verify.main(["--revert", str(fix_patch), "--ggml-src", str(buggy), "--cases", str(cases)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"--revert patch {fix_patch}: the change does not apply in reverse to {buggy}" in err
+    assert "src/ggml.c" in err
+
+
+def test_a_ref_outside_a_git_repository_is_a_clear_error(ggml_variant, cases, capsys):
+    fixed, _ = ggml_variant("concat-fixed")
+    code = verify.main(["--revert", "HEAD", "--ggml-src", str(fixed), "--cases", str(cases)])
+    assert code == 2
+    assert "is not in a git repository" in capsys.readouterr().err

@@ -1,0 +1,105 @@
+"""The GitHub workflows cannot run here, so their YAML is checked for the keys that matter:
+the project's CI runs the one entry script with caches; the reusable gate is callable,
+has its jobs, a timeout on every job and step, and one aggregate job for branch protection
+that runs even when a job it needs failed."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+WORKFLOWS = Path(__file__).resolve().parent.parent / ".github" / "workflows"
+
+
+def load(name):
+    data = yaml.safe_load((WORKFLOWS / name).read_text())
+    # YAML 1.1 reads the key `on` as True
+    data["on"] = data.pop(True, data.get("on"))
+    return data
+
+
+def all_steps(workflow):
+    for job_name, job in workflow["jobs"].items():
+        for step in job.get("steps", []):
+            yield job_name, step
+
+
+@pytest.mark.parametrize("name", ["ci.yml", "gradgate.yml"])
+def test_every_job_and_step_has_a_timeout(name):
+    workflow = load(name)
+    for job_name, job in workflow["jobs"].items():
+        assert "timeout-minutes" in job, f"{name}: job {job_name} has no timeout-minutes"
+    for job_name, step in all_steps(workflow):
+        assert "timeout-minutes" in step, f"{name}: a step of job {job_name} has no timeout-minutes: {step}"
+
+
+def test_ci_lints_with_ruff_and_runs_the_entry_script_with_caches():
+    ci = load("ci.yml")
+    assert {"push", "pull_request"} <= set(ci["on"])
+    lint = " ".join(s.get("run", "") for s in ci["jobs"]["lint"]["steps"])
+    assert "pip install" in lint and "ruff check" in lint
+    tests = ci["jobs"]["tests"]
+    assert any(s.get("run", "").strip() == "bash .ci/run" for s in tests["steps"])
+    assert (WORKFLOWS.parent.parent / ".ci" / "run").is_file()
+    uses = [s for s in tests["steps"] if "uses" in s]
+    assert any(s["uses"].startswith("actions/setup-python") and s["with"].get("cache") == "pip" for s in uses)
+    caches = [s["with"]["path"] for s in uses if s["uses"].startswith("actions/cache")]
+    assert ".ccache" in caches and tests["env"]["CCACHE_DIR"].endswith(".ccache")
+    assert "ccache" in " ".join(s.get("run", "") for s in tests["steps"])
+
+
+def test_gradgate_is_a_reusable_workflow_with_its_inputs():
+    gate = load("gradgate.yml")
+    assert set(gate["on"]) == {"workflow_call"}
+    inputs = gate["on"]["workflow_call"]["inputs"]
+    assert {"ggml-path", "cases", "baseline", "backend", "gpu", "cuda-arch"} <= set(inputs)
+    assert inputs["gpu"]["type"] == "boolean" and inputs["gpu"]["default"] is False
+    for name, spec in inputs.items():
+        assert spec["type"] in ("string", "boolean", "number"), name
+
+
+def test_gradgate_jobs_cpu_cuda_build_gpu_and_the_aggregate_gate():
+    jobs = load("gradgate.yml")["jobs"]
+    assert set(jobs) == {"cpu", "cuda-build", "gpu", "gate"}
+
+    cpu_run = " ".join(s.get("run", "") for s in jobs["cpu"]["steps"])
+    assert "pytest" in cpu_run and "--gradgate " in cpu_run and "--gradgate-json" in cpu_run
+    assert "--gradgate-html" in cpu_run
+    uploads = [s for s in jobs["cpu"]["steps"] if s.get("uses", "").startswith("actions/upload-artifact")]
+    assert uploads and uploads[0]["if"] == "always()" and "gradgate-cpu.json" in uploads[0]["with"]["path"]
+
+    cuda = jobs["cuda-build"]
+    assert cuda["container"]["image"] == "${{ inputs.cuda-image }}"
+    assert "nvidia/cuda:" in load("gradgate.yml")["on"]["workflow_call"]["inputs"]["cuda-image"]["default"]
+    cuda_run = " ".join(s.get("run", "") for s in cuda["steps"])
+    assert "gradgate build" in cuda_run and "--backend cuda" in cuda_run and "--cuda-arch" in cuda_run
+
+    gpu = jobs["gpu"]
+    assert gpu["runs-on"] == ["self-hosted", "gpu"] and gpu["if"] == "inputs.gpu"
+    assert "--gradgate-backend cuda" in " ".join(s.get("run", "") for s in gpu["steps"])
+
+    gate = jobs["gate"]
+    assert gate["if"] == "always()" and set(gate["needs"]) == {"cpu", "cuda-build", "gpu"}
+    assert "exit 1" in " ".join(s.get("run", "") for s in gate["steps"])
+
+
+def test_readme_documents_the_one_line_uses():
+    readme = (WORKFLOWS.parent.parent / "README.md").read_text()
+    assert "uses: " in readme and ".github/workflows/gradgate.yml@" in readme
+
+
+@pytest.mark.parametrize("results, code", [
+    ({"cpu": "success", "cuda-build": "success", "gpu": "skipped"}, 0),
+    ({"cpu": "failure", "cuda-build": "success", "gpu": "skipped"}, 1),
+    ({"cpu": "success", "cuda-build": "cancelled", "gpu": "skipped"}, 1),
+])
+def test_the_aggregate_gate_script_fails_when_a_needed_job_failed(results, code, tmp_path):
+    """Runs the gate job's own shell step with the `needs` JSON GitHub would give it."""
+    import json
+    import subprocess
+    step = load("gradgate.yml")["jobs"]["gate"]["steps"][0]
+    env = {"PATH": "/usr/bin:/bin", "RESULTS": json.dumps({k: {"result": v, "outputs": {}} for k, v in results.items()})}
+    proc = subprocess.run(["bash", "-e", "-c", step["run"]], env=env, capture_output=True, text=True)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    if code:
+        assert "::error title=gradgate::failed or cancelled:" in proc.stdout
