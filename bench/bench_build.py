@@ -13,6 +13,7 @@
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -49,13 +50,17 @@ def cold_build(root, ccache):
         env = dict(os.environ, GRADGATE_CACHE_DIR=cache)
         if not ccache:
             env["CCACHE_DISABLE"] = "1"
+        cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "build", "--ggml-src", str(root)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         elapsed = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if proc.returncode != 0:
             sys.exit(f"cold build failed:\n{proc.stderr}")
-        return elapsed, du(Path(cache) / "builds")
+        # CPU seconds (compilers included) do not depend on how busy the machine is
+        cpu_seconds = (after.ru_utime - cpu.ru_utime) + (after.ru_stime - cpu.ru_stime)
+        return elapsed, cpu_seconds, du(Path(cache) / "builds")
 
 
 def warm_load(repeat):
@@ -84,10 +89,10 @@ def main():
     root = default_ggml_root()
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     if not args.skip_cold:
-        seconds, size = cold_build(root, ccache=False)
-        print(f"cold build, ccache off:  {seconds:6.1f} s  (entry {mib(size)})")
-        seconds, _ = cold_build(root, ccache=True)
-        print(f"cold build, ccache warm: {seconds:6.1f} s")
+        seconds, cpu, size = cold_build(root, ccache=False)
+        print(f"cold build, ccache off:  {seconds:6.1f} s wall, {cpu:6.1f} s CPU  (entry {mib(size)})")
+        seconds, cpu, _ = cold_build(root, ccache=True)
+        print(f"cold build, ccache warm: {seconds:6.1f} s wall, {cpu:6.1f} s CPU")
     times = warm_load(args.repeat)
     print(f"warm load (pytest start -> library loaded, cache hit): median {statistics.median(times):.2f} s, "
           f"min {min(times):.2f} s, max {max(times):.2f} s over {len(times)} runs (target < 2 s)")

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from pytest_gradgate import binding
-from pytest_gradgate.build import GGML_BUILD_INPUTS, BuildOptions, ensure_build, find_build
+from pytest_gradgate.build import GGML_BUILD_INPUTS, BuildOptions, cache_key, ensure_build, find_build
 from pytest_gradgate.errors import BuildError
 
 # build (or find) the library for argv[1], load it, and say what happened, as JSON
@@ -24,6 +24,10 @@ BUILD_AND_LOAD = """
 import json, os, sys, time
 from pytest_gradgate import binding
 from pytest_gradgate.build import BuildOptions, ensure_build
+if len(sys.argv) > 2:  # a start line shared with another builder: say ready, wait for "go"
+    open(sys.argv[2] + f".ready-{os.getpid()}", "w").close()
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.01)
 started = time.time()
 build = ensure_build(sys.argv[1], BuildOptions())
 lib = binding.load(build.library)
@@ -44,6 +48,12 @@ def entries(cache_dir):
     """Names in the builds folder other than locks and staging folders."""
     return sorted(p.name for p in (cache_dir / "builds").iterdir()
                   if not p.name.endswith(".lock") and not p.name.startswith(".tmp-"))
+
+
+def test_build_type_and_backends_are_part_of_the_key(default_ggml):
+    debug = BuildOptions(build_type="Debug")
+    assert "-DCMAKE_BUILD_TYPE=Debug" in debug.cmake_args()
+    assert len({cache_key(default_ggml, o) for o in (BuildOptions(), debug)}) == 2
 
 
 def test_cache_hit_loads_without_cmake(default_ggml, default_build, tmp_path):
@@ -106,6 +116,8 @@ def test_cold_build_shows_progress(default_ggml, pytester, tmp_path, monkeypatch
 
 @pytest.mark.slow
 def test_interrupted_build_leaves_no_valid_entry(default_ggml, tmp_path, monkeypatch):
+    """Verified to fail with the bug put back: publishing the entry first and building in
+    place leaves a half-built entry folder instead of a .tmp-* staging folder after the kill."""
     monkeypatch.setenv("GRADGATE_CACHE_DIR", str(tmp_path))
     builds = tmp_path / "builds"
     proc = subprocess.Popen([sys.executable, "-c", BUILD_AND_LOAD, str(default_ggml)], start_new_session=True,
@@ -113,7 +125,7 @@ def test_interrupted_build_leaves_no_valid_entry(default_ggml, tmp_path, monkeyp
     try:
         deadline = time.time() + 600
         while True:  # wait until `cmake --build` runs, then kill the builder and its children
-            logs = list(builds.glob(".tmp-*/build.log")) if builds.is_dir() else []
+            logs = [*builds.glob(".tmp-*/build.log"), *builds.glob("*/build.log")] if builds.is_dir() else []
             if logs and "cmake --build" in logs[0].read_text(errors="replace"):
                 break
             assert proc.poll() is None, "the builder ended before it could be interrupted"
@@ -136,9 +148,17 @@ def test_interrupted_build_leaves_no_valid_entry(default_ggml, tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_two_processes_building_at_once_make_one_build(default_ggml, tmp_path, monkeypatch):
+    """Verified to fail with the bug put back: with file_lock's flock removed, one of the
+    two builders dies (the other sweeps its staging folder) or both run CMake."""
     monkeypatch.setenv("GRADGATE_CACHE_DIR", str(tmp_path))
-    procs = [subprocess.Popen([sys.executable, "-c", BUILD_AND_LOAD, str(default_ggml)], text=True,
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD_AND_LOAD, str(default_ggml), str(go)], text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
+    deadline = time.time() + 300
+    while len(list(tmp_path.glob("go.ready-*"))) < 2:  # both imported and waiting: start them together
+        assert time.time() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.01)
+    go.touch()
     outs = []
     for proc in procs:
         text = proc.communicate(timeout=900)[0]
