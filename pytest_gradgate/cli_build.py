@@ -7,7 +7,6 @@ Errors are one line on stderr (plus the build log's tail for a failed build), ex
 """
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
