@@ -95,3 +95,11 @@ def test_vars_are_parsed_with_lists_and_flags():
     v = reference.parse_vars("type=f32,ne_a=[128,2,2,2],v=0,split")
     assert v == {"type": "f32", "ne_a": [128, 2, 2, 2], "v": 0, "split": True}
     assert math.isclose(reference.parse_vars("scale=2.000000")["scale"], 2.0)
+
+
+def test_bench_params_filter_runs_exactly_the_chosen_cases(tbo):
+    """The bench times test-backend-ops on the cases we reproduce by passing them as a -p regex."""
+    from pytest_gradgate.bench import params_regex, run_tbo
+    chosen = ["type=f32,ne=[10,5,4,3]", "type=f32,ne=[7,1,5,3]"]
+    run, peak_kib = run_tbo(tbo, "SQR", params=params_regex(chosen))
+    assert sorted(c.vars for c in run.cases) == sorted(chosen) and peak_kib > 0
