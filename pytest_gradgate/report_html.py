@@ -33,6 +33,9 @@ STATUS_ORDER = ("failed", "crashed", "timeout", "error", "skipped", "passed")
 NOT_PASSED = ("failed", "crashed", "timeout", "error")
 MAX_SLICES = 8          # per parameter: beyond this, the slices with the largest error are shown
 MAX_ANNOTATED = 96      # cells per slice up to which each cell's value is printed in it
+# a broken ggml can fail hundreds of cases; pictures for the first ones keep the report quick
+# to write (~0.1-0.5 s per image) and small, the rest get their numbers only
+MAX_CASES_WITH_PICTURES = 20
 N_WORST = 10
 
 
@@ -115,7 +118,8 @@ def heatmap_png(name, analytic, numeric, vmax=None):
     annotate = rows * cols <= MAX_ANNOTATED
     panels = ((analytic, "analytic", vmax), (numeric, "numeric", vmax), (diff, "analytic − numeric", dmax))
     for ax, (data, title, scale) in zip(axes, panels):
-        im = ax.imshow(np.ma.masked_invalid(data), cmap=_cmap(), vmin=-scale, vmax=scale, aspect=aspect, interpolation="nearest")
+        im = ax.imshow(np.ma.masked_invalid(data), cmap=_cmap(), vmin=-scale, vmax=scale, aspect=aspect,
+                       interpolation="nearest")
         ax.set_title(f"{name} {title}", fontsize=9)
         ax.set_xlabel("i0", fontsize=8)
         ax.set_ylabel("i1", fontsize=8)
@@ -207,7 +211,7 @@ def _worst_rows(param, analytic=None, numeric=None):
     return [(w["index"], w["analytic"], w["numeric"]) for w in param.get("worst") or []]
 
 
-def _param_section(param):
+def _param_section(param, draw=True):
     name = param.get("name", "?")
     out = [f'<div class="param"><h4>param {_e(name)} {_e(param.get("shape"))}</h4>',
            '<p class="metrics">'
@@ -217,9 +221,14 @@ def _param_section(param):
            f'of {_e(param.get("n_elements"))}'
            + (f'<br>diagnosis: {_e(param.get("diagnosis"))}' if param.get("diagnosis") else "") + "</p>"]
     analytic = numeric = None
-    if param.get("analytic_values") is not None and param.get("numeric_values") is not None:
+    has_values = param.get("analytic_values") is not None and param.get("numeric_values") is not None
+    if has_values:
         analytic = as_array(param["analytic_values"], param["shape"])
         numeric = as_array(param["numeric_values"], param["shape"])
+    if has_values and not draw:
+        out.append(f'<p class="note">no pictures: only the first {MAX_CASES_WITH_PICTURES} cases that did not '
+                   "pass are drawn</p>")
+    elif has_values:
         pairs, total = pick_slices(analytic, numeric)
         vmax = _symmetric(analytic, numeric)
         if len(pairs) < total:
@@ -249,7 +258,7 @@ def _param_section(param):
     return "\n".join(out)
 
 
-def _case_section(index, r):
+def _case_section(index, r, draw=True):
     status = r.get("status", "error")
     origin = r.get("origin") or {}
     out = [f'<section class="case {_e(status)}" id="{_anchor(index)}">',
@@ -269,7 +278,7 @@ def _case_section(index, r):
         out.append('<h4>stderr (tail)</h4><pre class="stderr">' + (_e(tail) if tail.strip() else "(empty)") + "</pre>")
     for param in r.get("params") or []:
         if not param.get("passed", True):
-            out.append(_param_section(param))
+            out.append(_param_section(param, draw))
     out.append("</section>")
     return "\n".join(out)
 
@@ -360,7 +369,7 @@ def render(results, meta=None):
     failing = [(i, r) for i, r in ordered if r.get("status") in NOT_PASSED]
     if failing:
         parts.append(f"<h2>Cases that did not pass ({len(failing)})</h2>")
-        parts.extend(_case_section(i, r) for i, r in failing)
+        parts.extend(_case_section(i, r, draw=k < MAX_CASES_WITH_PICTURES) for k, (i, r) in enumerate(failing))
     parts.append(f"<script>{_JS}</script></body></html>")
     return "\n".join(parts)
 

@@ -208,6 +208,38 @@ def test_everything_from_a_case_is_escaped():
     assert "<script>alert" not in text and text.count("&lt;script&gt;") >= 6
 
 
+def test_slices_follow_ggml_index_order():
+    """Values come in ggml's logical order (i0 fastest); a slice a[:, :, i2, i3] is drawn with
+    rows i1 and columns i0. Reading them i3-fastest would draw a transposed, wrong picture."""
+    values = list(range(4 * 3 * 2))
+    t = report_html.as_array(values, [4, 3, 2])
+    assert t.shape == (1, 2, 3, 4)
+    assert t[0, 1, 2, 3] == 3 + 4 * 2 + 12 * 1              # element (i0=3, i1=2, i2=1)
+    assert t[0, 1].tolist()[0] == [12, 13, 14, 15]         # slice [:, :, 1, 0], row i1=0
+    pairs, total = report_html.pick_slices(t, t * 0, limit=1)
+    assert (pairs, total) == ([(1, 0)], 2)                 # the slice with the larger error
+
+
+def _failed(case_id, values):
+    n = len(values)
+    return {"case_id": case_id, "consumer": "transpose", "loss": "sqr", "backend": "cpu", "op": "concat",
+            "status": "failed", "phase": "done", "maa": 1.0, "cosine": 0.0, "diagnosis": "scrambled",
+            "params": [{"name": "a", "shape": [n, 1, 1, 1], "passed": False, "maa": 1.0,
+                        "analytic_values": values[::-1], "numeric_values": values}]}
+
+
+def test_pictures_are_capped(monkeypatch):
+    """Past MAX_CASES_WITH_PICTURES failed cases, the report keeps the numbers, draws nothing."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.setattr(report_html, "MAX_CASES_WITH_PICTURES", 1)
+    text = report_html.render([_failed("one", [1.0, 2.0, 3.0]), _failed("two", [1.0, -1.0, 0.5])])
+    parser = ReportParser()
+    parser.feed(text)
+    assert [i["alt"] for i in parser.images] == ["a[:, :, 0, 0]"]
+    assert text.count("no pictures: only the first 1 cases") == 1
+    assert text.count('class="worst"') == 2
+
+
 needs_chromium = pytest.mark.skipif(
     not any(shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")),
     reason="no chromium installed (apt-get install chromium); .ci/run does not install it")
