@@ -21,8 +21,9 @@ stencil says: the gap between them is the evidence the step choice needs.
 
 When a direction disagrees, a random sample of elements is checked one by one (as many as
 a time budget allows) to locate the error: worst elements with their indices, and a
-diagnosis ("right values at wrong positions" when every sampled numeric value occurs
-elsewhere in the analytic gradient).
+diagnosis ("right values at wrong positions, likely" when the sampled elements disagree one
+by one while the values' size, their rms, matches the analytic gradient's; a wrong scale
+or sign, a dropped gradient, as metrics.diagnose says on the sample otherwise).
 """
 
 import time
