@@ -186,6 +186,20 @@ class Runner:
             self.worker.close()
             self.worker = None
 
+    def ggml_version(self):
+        """ggml's version as the library reports it, or None if it cannot be loaded.
+
+        Asked of the worker (started now; the cases reuse it), never loaded into this
+        process, unless isolate=none: a library that cannot load can kill the process."""
+        if self.isolate == "none":
+            from . import binding
+            self.lib = self.lib or binding.load(self.library)
+            return binding.ggml_version(self.lib)
+        try:
+            return self._ensure_worker().ggml_version
+        except WorkerStartError:
+            return None   # each case reports it (and the crash cap stops the run)
+
     def _ensure_worker(self):
         if self.worker is None or not self.worker.alive():
             if self.worker:

@@ -16,6 +16,7 @@ reports the crash from the phases it was sent and the worker's stderr file.
 import ctypes
 import gc
 import json
+import mmap
 import os
 import select
 import signal
@@ -30,9 +31,13 @@ from .engine import run_case
 from .result import Result
 
 STDERR_TAIL = 4000
-# what a worker runs before its first fork: every phase, a non-contiguous consumer, two params
-WARM_UP_CASE = dict(name="warm-up", graph="mul(a, b)", params={"a": [4, 3], "b": [4, 3]}, consumer="transpose")
+# what a worker runs before its first fork (the first that passes on this ggml): every
+# phase, two params, a non-contiguous consumer if this ggml's backward copes with one
+# (ggml 0.15.3's does for ADD, and aborts for MUL, SUB, SQRT, ...)
+WARM_UP_CASES = [dict(name="warm-up", graph="add(a, b)", params={"a": [4, 3], "b": [4, 3]}, consumer=consumer)
+                 for consumer in ("transpose", "none")]
 PR_SET_PDEATHSIG = 1
+PHASE_BOARD_BYTES = 64
 
 
 def stderr_excerpt(fd, start=0, limit=STDERR_TAIL):
@@ -92,23 +97,45 @@ def _apply_memory_cap(max_memory, baseline):
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
+def _find_prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+_PRCTL = _find_prctl()   # looked up once, in the worker, not in every child
+
+
 def _die_with_parent():
     """Linux: the child gets SIGKILL if its worker dies, so no hung child outlives a killed worker."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class ForkingRunner:
-    """Runs each case in a forked child of this (warm) worker."""
+    """Runs each case in a forked child of this (warm) worker.
+
+    The child for the next case is forked ahead of time (the "spare"), while the current
+    case runs, so the fork is not on any case's clock. The spare gets its case over a pipe;
+    its phase goes to a shared page (no message, no wake-up of the worker per phase); its
+    result comes back as one JSON line that the worker passes on unparsed; a child that
+    answered is reaped later, without waiting for it to exit.
+
+    What a case costs beyond its own work is copy-on-write: the child's first write to
+    each page it shares with the worker faults and copies it, about 1000 pages for a small
+    case (5-7 ms of CPU on a loaded 2-core VM; bench/bench_isolation.py). Letting spares
+    pre-fault by running a warm-up case first was measured too: it moves those faults off
+    the case's clock when a core is idle, but adds a case's worth of CPU, and came out
+    slower on the shared 2-core machine, so spares start cold."""
 
     def __init__(self, lib, channel_fd):
         self.lib = lib
         self.channel_fd = channel_fd
-        self.baseline = memory_baseline()
         self.baseline_rss = memory_baseline("VmRSS:")
+        self.spare = None          # (pid, request fd, result fd) of the child for the next case
+        self.finished = []         # pids of children that answered, to be reaped
+        self.phase_board = mmap.mmap(-1, PHASE_BOARD_BYTES)   # MAP_SHARED: children write, we read
         # one log file for every child, truncated per case: O_APPEND makes each child's
         # writes start at the (new) end, so no temp file is created and removed per case
         fd, path = tempfile.mkstemp(prefix="gradgate-child-", suffix=".log")
@@ -122,34 +149,55 @@ class ForkingRunner:
         A child's work never flows back to the worker: without this, each child pays the
         first-use costs (ggml's CPU backend tables, cffi's type parsing, numpy's and our
         own lazy imports), tens of ms, again. The case runs in a child first; only if it
-        passes there is it run here, so a ggml that dies even on WARM_UP_CASE still gets
-        a worker, and each case its own report."""
-        case = Case(**WARM_UP_CASE)
-        reply = self.run(case, {"timeout": 60})
-        if reply.get("result", {}).get("status") == "passed":
-            run_case(case, self.lib)
+        passes there is it run here, so a ggml that dies even on
+        the warm-up cases still gets a worker, and each case its own report."""
+        for spec in WARM_UP_CASES:
+            case = Case(**spec)
+            line = (json.dumps({"case": case.to_dict()}) + "\n").encode()
+            reply = json.loads(self.run(line, {"timeout": 60}, prefork=False))
+            self._reap_finished(wait=True)
+            if reply.get("result", {}).get("status") == "passed":
+                run_case(case, self.lib)
+                self.baseline_rss = memory_baseline("VmRSS:")
+                self._retire_spare()   # forked before the worker was warm
+                return
 
-    def run(self, case, request):
-        """Fork a child for one case; returns the worker's final reply."""
-        os.ftruncate(self.log_fd, 0)
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            self._child(case, request, read_end, write_end)  # never returns
-        os.close(write_end)
+    def run(self, line, request, prefork=True):
+        """Hand one case (its request line) to the spare child; returns the worker's reply line.
+
+        A child that answers sends the reply line itself (stderr included): the worker
+        passes it on without parsing it."""
+        for attempt in (1, 2):
+            if self.spare is None:
+                self._fork_spare()
+            pid, request_fd, result_fd = self.spare
+            self.spare = None
+            self.phase_board[:PHASE_BOARD_BYTES] = b"startup".ljust(PHASE_BOARD_BYTES, b"\0")
+            os.ftruncate(self.log_fd, 0)
+            try:
+                _write_all(request_fd, line)
+                break
+            except OSError:  # the spare died before its case (killed from outside): take a new one
+                os.close(request_fd)
+                os.close(result_fd)
+                os.waitpid(pid, 0)
+        os.close(request_fd)
+        if prefork:
+            self._fork_spare()   # the next case's child, forked while this one runs
         try:
-            phase, reply, timed_out = self._collect(read_end, request.get("timeout", 60))
+            reply, timed_out = self._collect(result_fd, request.get("timeout", 60))
         finally:
-            os.close(read_end)
+            os.close(result_fd)
+        if reply is not None:
+            self.finished.append(pid)   # reaped later: the parent need not wait for its exit
+            return reply
         if timed_out:
             os.kill(pid, signal.SIGKILL)
         _, status, usage = os.wait4(pid, 0)
+        phase = bytes(self.phase_board).rstrip(b"\0").decode() or "startup"
         stderr = stderr_excerpt(self.log_fd)
         if timed_out:
-            return {"timeout": {"phase": phase, "stderr": stderr}}
-        if reply is not None:
-            reply["result"]["stderr_tail"] = reply["result"].get("stderr_tail") or stderr
-            return reply
+            return _line({"timeout": {"phase": phase, "stderr": stderr}})
         # ru_maxrss is in KiB on Linux; the child's peak includes the pages it shares with us
         crash = {"phase": phase, "stderr": stderr,
                  "grew_by": max(0, usage.ru_maxrss * 1024 - self.baseline_rss)}
@@ -157,29 +205,70 @@ class ForkingRunner:
             crash["signal"] = signal.Signals(os.WTERMSIG(status)).name
         else:
             crash["exitcode"] = os.WEXITSTATUS(status)
-        return {"crash": crash}
+        return _line({"crash": crash})
 
-    def _child(self, case, request, read_end, write_end):
+    def after_case(self):
+        """Reap the children that have exited; make sure a spare is ready."""
+        self._reap_finished(wait=False)
+        if self.spare is None:
+            self._fork_spare()
+
+    def close(self):
+        self._retire_spare()
+        self._reap_finished(wait=True)
+
+    def _reap_finished(self, wait):
+        for pid in list(self.finished):
+            if os.waitpid(pid, 0 if wait else os.WNOHANG)[0] == pid:
+                self.finished.remove(pid)
+
+    def _retire_spare(self):
+        if self.spare is not None:
+            pid, request_fd, result_fd = self.spare
+            self.spare = None
+            os.close(request_fd)    # EOF instead of a case: it exits
+            os.close(result_fd)
+            os.waitpid(pid, 0)
+
+    def _fork_spare(self):
+        request_r, request_w = os.pipe()
+        result_r, result_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(request_w)
+            os.close(result_r)
+            self._child(request_r, result_w)  # never returns
+        os.close(request_r)
+        os.close(result_w)
+        self.spare = (pid, request_w, result_r)
+
+    def _child(self, request_fd, result_fd):
         code = 0
         try:
-            os.close(read_end)
             os.close(self.channel_fd)  # only the worker talks to the parent
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(devnull, 0)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            _die_with_parent()
+            gc.disable()   # a collection would write to (and so copy) pages of every object it visits
+            line = _read_line(request_fd)
+            if not line:  # retired without a case
+                os._exit(0)
+            request = json.loads(line)
             os.dup2(self.log_fd, 1)
             os.dup2(self.log_fd, 2)
-            _die_with_parent()
             apply_backtrace_setting(request.get("backtrace"))
-            _apply_memory_cap(request.get("max_memory") or 0, self.baseline)
+            if request.get("max_memory"):
+                _apply_memory_cap(request["max_memory"], memory_baseline())
+            board = self.phase_board
 
             def phase(name):
                 phase.last = name
-                os.write(write_end, b'{"phase": "%s"}\n' % name.encode())
+                board[:PHASE_BOARD_BYTES] = name.encode().ljust(PHASE_BOARD_BYTES, b"\0")
             phase.last = "build-forward"
-            result = _run_guarded(case, self.lib, phase)
-            data = (json.dumps({"result": result}) + "\n").encode()
-            while data:
-                data = data[os.write(write_end, data):]
+            result = _run_guarded(Case.from_dict(request["case"]), self.lib, phase)
+            result["stderr_tail"] = result.get("stderr_tail") or stderr_excerpt(self.log_fd)
+            _write_all(result_fd, _line({"result": result}))
         except BaseException:
             traceback.print_exc()
             code = 70
@@ -187,28 +276,43 @@ class ForkingRunner:
             os._exit(code)
 
     @staticmethod
-    def _collect(read_end, timeout):
-        """Read the child's phases and reply until EOF or the deadline."""
+    def _collect(result_fd, timeout):
+        """(reply line, timed_out): the child's reply line, or None once it closed the pipe
+        without one (it died) or the deadline passed."""
         deadline = time.monotonic() + timeout
-        phase, reply, buffer = "startup", None, b""
+        buffer = b""
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                return phase, reply, True
-            ready, _, _ = select.select([read_end], [], [], left)
+                return None, True
+            ready, _, _ = select.select([result_fd], [], [], left)
             if not ready:
                 continue
-            chunk = os.read(read_end, 1 << 16)
+            chunk = os.read(result_fd, 1 << 16)
             if not chunk:
-                return phase, reply, False
+                return None, False
             buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                msg = json.loads(line)
-                if "phase" in msg:
-                    phase = msg["phase"]
-                else:
-                    reply = msg
+            if buffer.endswith(b"\n"):
+                return buffer, False
+
+
+def _line(message):
+    return (json.dumps(message) + "\n").encode()
+
+
+def _write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _read_line(fd):
+    buffer = b""
+    while not buffer.endswith(b"\n"):
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b""
+        buffer += chunk
+    return buffer
 
 
 def main(argv=None):
@@ -234,24 +338,30 @@ def main(argv=None):
     # that forked children do not copy the pages it would touch
     gc.collect()
     gc.freeze()
+    if forking is not None:
+        forking.after_case()   # the first spare
     channel.write(json.dumps({"ready": binding.ggml_version(lib), "rss": memory_baseline("VmRSS:")}) + "\n")
-    for line in sys.stdin:
+    for line in sys.stdin.buffer:
         request = json.loads(line)
-        case = Case.from_dict(request["case"])
         if request.get("isolate", "case") == "case" and forking is not None:
-            reply = forking.run(case, request)
-        else:
-            apply_backtrace_setting(request.get("backtrace"))
-            if not capped:  # the cap is for the worker's life; the baseline is its size before any case
-                _apply_memory_cap(request.get("max_memory") or 0, memory_baseline())
-                capped = True
+            channel.flush()
+            _write_all(channel_fd, forking.run(line, request))
+            forking.after_case()   # while the parent reads the reply
+            continue
+        # isolate=worker (or no fork): the case runs here; if it kills us, the parent reports it
+        apply_backtrace_setting(request.get("backtrace"))
+        if not capped:  # the cap is for the worker's life; the baseline is its size before any case
+            _apply_memory_cap(request.get("max_memory") or 0, memory_baseline())
+            capped = True
 
-            def phase(name):
-                phase.last = name
-                channel.write(json.dumps({"phase": name}) + "\n")
-            phase.last = "build-forward"
-            reply = {"result": _run_guarded(case, lib, phase)}
+        def phase(name):
+            phase.last = name
+            channel.write(json.dumps({"phase": name}) + "\n")
+        phase.last = "build-forward"
+        reply = {"result": _run_guarded(Case.from_dict(request["case"]), lib, phase)}
         channel.write(json.dumps(reply) + "\n")
+    if forking is not None:
+        forking.close()
     return 0
 
 
