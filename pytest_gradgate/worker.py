@@ -1,14 +1,15 @@
 """The worker process: loads the library once, then runs cases it is sent.
 
-Protocol (one JSON object per line): the parent writes {"case": ..., "isolate": "case" |
-"worker", "timeout": s, "max_memory": bytes, "backtrace": bool}. The worker answers with
-any number of {"phase": name} lines and one final line: {"result": {...}} or
-{"crash": {"signal": ..., "exitcode": ..., "phase": ..., "stderr": ...}} or
-{"timeout": {"phase": ...}}.
+Protocol (one JSON object per line): the worker first says {"phase": "load-library"},
+then {"ready": version, "rss": bytes} or {"fatal": reason}. The parent writes {"case": ...,
+"isolate": "case" | "worker", "timeout": s, "max_memory": bytes, "backtrace": bool}. The
+worker answers with any number of {"phase": name} lines (isolate=worker) and one final
+line: {"result": {...}} or {"crash": {"signal" | "exitcode", "phase", "stderr", "grew_by"}}
+or {"timeout": {"phase", "stderr"}}.
 
-isolate=case: the worker forks one child per case (library already loaded, so a case
-costs a fork, not an interpreter start). The child's stdout/stderr go to a file, so
-ggml's abort message is captured; its phases reach the worker through a pipe.
+isolate=case: the worker forks one child per case (library already loaded and warmed
+up, so a case costs a fork, not an interpreter start); see ForkingRunner. The child's
+stdout/stderr go to a file, so ggml's abort message is captured.
 isolate=worker: the worker runs the case itself; if it dies the parent sees EOF and
 reports the crash from the phases it was sent and the worker's stderr file.
 """
@@ -280,7 +281,7 @@ class ForkingRunner:
         """(reply line, timed_out): the child's reply line, or None once it closed the pipe
         without one (it died) or the deadline passed."""
         deadline = time.monotonic() + timeout
-        buffer = b""
+        chunks = []   # a failed case's reply carries every value: it can be megabytes
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -288,12 +289,12 @@ class ForkingRunner:
             ready, _, _ = select.select([result_fd], [], [], left)
             if not ready:
                 continue
-            chunk = os.read(result_fd, 1 << 16)
+            chunk = os.read(result_fd, 1 << 20)
             if not chunk:
                 return None, False
-            buffer += chunk
-            if buffer.endswith(b"\n"):
-                return buffer, False
+            chunks.append(chunk)
+            if chunk.endswith(b"\n"):   # json.dumps escapes newlines: this is the end
+                return b"".join(chunks), False
 
 
 def _line(message):

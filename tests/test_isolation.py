@@ -5,7 +5,7 @@ other cases of the run pass, in every isolation mode, under pytest-xdist too.
 
 How these tests were seen to fail with the bug put back:
 - isolation off (the cases run in the pytest process: --gradgate-isolate none) on the
-  deaths YAML: the run itself dies at the segfault, no JUnit file, exit code -11;
+  deaths YAML: the run itself dies at the segfault (exit status 139), no JUnit file;
 - GGML_NO_BACKTRACE not set for children: the default-settings run's stderr section holds
   gdb's backtrace, failing test_no_backward_reported_and_no_backtrace_by_default;
 - the worker's Worker() env forcing GGML_NO_BACKTRACE=1 (as it once did): the
