@@ -74,7 +74,7 @@ def warm_load(repeat):
             proc = subprocess.run([sys.executable, "-m", "pytest", "--gradgate", "--gradgate-no-builtin",
                                    "-p", "no:cacheprovider", "-q"], cwd=work, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)
-            line = next((l for l in proc.stdout.splitlines() if l.startswith("GRADGATE_LOADED")), None)
+            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("GRADGATE_LOADED")), None)
             if line is None:
                 sys.exit(f"the probe did not report a load:\n{proc.stdout}")
             times.append(float(line.split()[1]) - started)

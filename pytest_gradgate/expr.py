@@ -7,7 +7,7 @@ built by the engine from the same text.
 """
 
 import ast
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .errors import CaseError
 

@@ -5,9 +5,9 @@ Without --gradgate the plugin stays out of the way: nothing is built, no YAML fi
 collected; only the `gradgate` fixture is available (it builds on first use).
 """
 
+import dataclasses
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,13 +15,12 @@ import pytest
 from . import baseline as baseline_file
 from . import outputs, settings
 from .build import BuildOptions, ensure_build
-from .errors import CaseError, GradgateError
+from .errors import GradgateError
 from .fixtures import gradgate  # noqa: F401  (registers the fixture)
-from .isolation import Runner
+from .isolation import BROKEN_BUILD, Runner
 from .loader import load_file
 from . import report_html
 from .report_text import format_result
-from .result import Result
 from .source import resolve_source
 
 # the built-in suite: small cases (full mode) and realistic sizes (fast mode)
@@ -147,8 +146,25 @@ def pytest_configure(config):
             raise pytest.UsageError(f"--gradgate-cases / gradgate_cases: '{p}' is not a file")
         extra.append(str(Path(p).resolve()))
     state.case_files = {str(Path(p).resolve()) for p in extra}
-    explicit = config.args_source == pytest.Config.ArgsSource.ARGS
-    config.args = (list(config.args) if explicit else []) + [p for p in extra if p not in config.args]
+    # keep paths the user named or the project's testpaths (gradgate_*.yaml are discovered
+    # there); drop the bare invocation directory unless a project config says it is one,
+    # so that `cd /tmp && pytest --gradgate` checks the built-in suite and nothing else
+    source = config.args_source
+    explicit = source == pytest.Config.ArgsSource.ARGS
+    keep = explicit or source == pytest.Config.ArgsSource.TESTPATHS or config.inipath is not None
+    # without explicit paths `pytest --gradgate` is the gate alone: the project's Python
+    # tests under testpaths are not collected, only its gradgate_*.yaml files
+    state.yaml_only = not explicit
+    config.args = (list(config.args) if keep else []) + [p for p in extra if p not in config.args]
+
+
+def pytest_ignore_collect(collection_path, config):
+    state = config.stash.get(STATE, None)
+    if state is None or not state.enabled or not getattr(state, "yaml_only", False):
+        return None
+    if collection_path.is_file() and collection_path.suffix not in (".yaml", ".yml"):
+        return True
+    return None
 
 
 def _gpu_visible():
@@ -174,8 +190,10 @@ def pytest_report_header(config):
         return None
     info = state.build.info
     how = "cached" if state.build.cached else f"built in {info.get('build_seconds')} s"
-    from .binding import library_ggml_version  # read from the library, not from the source tree
-    return [f"gradgate: ggml {library_ggml_version(state.build.library)} from {state.source.label}",
+    # read from the library, not from the source tree; asked of the worker, because a
+    # library that cannot load (truncated, foreign) kills the process that dlopens it
+    version = state.runner().ggml_version() or "? (the library cannot be loaded, see below)"
+    return [f"gradgate: ggml {version} from {state.source.label}",
             f"gradgate: {info['options']['build_type']} build for {', '.join(state.backends)} ({how}): "
             f"{state.build.library}",
             f"gradgate: isolate={state.settings['isolate']}"] + _baseline_header(state, info)
@@ -282,8 +300,11 @@ class CaseFile(pytest.File):
         state = state_of(self.config)
         builtin = self.path.resolve() in BUILTIN_FILES
         loaded, errors = load_file(self.path, state.backends, builtin=builtin)
+        mode = state.settings["mode"]   # --gradgate-mode overrides every case's own mode
         for entry in loaded:
             for case in entry.cases:
+                if mode and case.mode != mode:
+                    case = dataclasses.replace(case, mode=mode)
                 yield CaseItem.from_parent(self, name=f"{case.name}[{case.variant}]", case=case)
         for err in errors:
             yield InvalidCaseItem.from_parent(self, name=f"line{err.line or 0}[invalid]", error=err)
@@ -321,7 +342,9 @@ class InvalidCaseItem(pytest.Item):
         self.error = error
 
     def setup(self):
-        raise self.error
+        # an ERROR (like a collection error) whose text is the file:line message, no traceback:
+        # setup failures do not go through repr_failure
+        pytest.fail(f"invalid case: {self.error}", pytrace=False)
 
     def runtest(self):
         raise self.error
@@ -334,13 +357,18 @@ class InvalidCaseItem(pytest.Item):
 
 
 def _track_start_failures(state, result, session):
-    if result.phase == "startup" and result.status == "error":
-        state.start_failures_in_a_row += 1
-        if state.start_failures_in_a_row >= state.settings["crash_cap"]:
-            session.shouldstop = (f"gradgate: {state.start_failures_in_a_row} cases in a row could not even start "
-                                  f"a worker; the build looks broken: {result.message}")
-    else:
+    """The crash cap: cases that die before ggml is even reached point at the build, not at
+    the cases; stop with one message instead of N identical failures."""
+    if result.phase != "startup" or result.status not in ("error", "crashed"):
         state.start_failures_in_a_row = 0
+        return
+    state.start_failures_in_a_row += 1
+    broken = result.diagnosis == BROKEN_BUILD  # the library cannot load: no later case can run
+    if broken or state.start_failures_in_a_row >= state.settings["crash_cap"]:
+        why = ("the library cannot be loaded" if broken else
+               f"{state.start_failures_in_a_row} cases in a row died before reaching ggml (--gradgate-crash-cap)")
+        where = f" (remove {state.build.path} so that it is rebuilt)" if state.build is not None else ""
+        session.shouldstop = f"gradgate: stopped early: {why}; the build looks broken{where}: {result.message}"
 
 
 def _decide(item, result):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from .build import BACKENDS, BUILD_TYPES
+from .build import BUILD_TYPES
 from .isolation import ISOLATE_MODES
 
 

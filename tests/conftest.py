@@ -5,7 +5,6 @@ built once per machine, whichever test asks first."""
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 

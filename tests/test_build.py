@@ -15,7 +15,6 @@ import time
 
 import pytest
 
-from pytest_gradgate import binding
 from pytest_gradgate.build import GGML_BUILD_INPUTS, BuildOptions, cache_key, ensure_build, find_build
 from pytest_gradgate.errors import BuildError
 

@@ -6,7 +6,6 @@ with a diagnosis); SQRT's aborts in ggml_div through a transpose (a crash, which
 one failed test while the next test still runs); REGLU has no backward at all.
 """
 
-import json
 import textwrap
 
 import pytest

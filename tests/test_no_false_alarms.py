@@ -12,7 +12,6 @@ test-backend-ops); at 200 (a loose model) the 1% wrong scale passes and the thir
 """
 
 import numpy as np
-import pytest
 
 from pytest_gradgate import engine, metrics
 from pytest_gradgate.case import Case

@@ -61,7 +61,7 @@ def test_bad_path_is_one_line_naming_it(tmp_path, kind):
         resolve_source(str(bad), env={})
     message = str(err.value)
     assert "\n" not in message
-    assert message.startswith(f"--gradgate-ggml-src: ") and str(bad) in message
+    assert message.startswith("--gradgate-ggml-src: ") and str(bad) in message
     expected = "does not exist (expected a ggml checkout or a llama.cpp checkout)" if kind == "missing" \
         else "is neither a ggml checkout (include/ggml.h, src/ggml.c, CMakeLists.txt) nor a llama.cpp checkout"
     assert expected in message

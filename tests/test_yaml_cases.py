@@ -125,7 +125,6 @@ def test_each_bad_case_is_an_error_at_its_line_and_the_good_cases_still_run(pyte
     path.write_text(text)
     result = run_gate("-rA")
     result.assert_outcomes(passed=2, errors=len(BAD_CASES))
-    out = result.stdout.str()
     for kind, (bad_line, message) in expected.items():
         lines = [x for x in result.stdout.lines if x.startswith(f"invalid case: {path}:{bad_line}: ")]
         assert len(lines) == 1 and message in lines[0], (kind, lines)
