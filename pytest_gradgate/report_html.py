@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .report_text import format_number as _num
+
 EXTRA_HINT = "pip install 'pytest-gradgate[report]'"
 MISSING_MATPLOTLIB = ("--gradgate-html needs matplotlib, which is not installed; install the report extra: "
                       + EXTRA_HINT + " (or pip install matplotlib)")
@@ -50,15 +52,6 @@ def require_matplotlib():
 
 def _e(value):
     return html.escape("" if value is None else str(value), quote=True)
-
-
-def _num(value, spec=".3g"):
-    if value is None:
-        return "-"
-    try:
-        return format(value, spec)
-    except (TypeError, ValueError):
-        return str(value)
 
 
 def _rank(result):

@@ -1,7 +1,8 @@
 """Plain-text rendering of a Result, for pytest's failure output and the fixture."""
 
 
-def _fmt(value, spec=".3g"):
+def format_number(value, spec=".3g"):
+    """A number for people: '-' for missing, str() for what will not format."""
     if value is None:
         return "-"
     try:
@@ -26,9 +27,9 @@ def format_result(result):
     for p in r.get("params") or []:
         excluded = ", ".join(f"{n} {why}" for why, n in (p.get("excluded") or {}).items()) or "none"
         lines.append(
-            f"  param {p['name']} {p.get('shape')}: MAA {_fmt(p.get('maa'))} (limit {_fmt(p.get('limit'))}), "
-            f"cosine {_fmt(p.get('cosine'), '.4f')}, norm ratio {_fmt(p.get('norm_ratio'), '.4g')}, "
-            f"max |a-n| {_fmt(p.get('max_abs_err'))}, compared {p.get('n_compared')} of {p.get('n_elements')} "
+            f"  param {p['name']} {p.get('shape')}: MAA {format_number(p.get('maa'))} (limit {format_number(p.get('limit'))}), "
+            f"cosine {format_number(p.get('cosine'), '.4f')}, norm ratio {format_number(p.get('norm_ratio'), '.4g')}, "
+            f"max |a-n| {format_number(p.get('max_abs_err'))}, compared {p.get('n_compared')} of {p.get('n_elements')} "
             f"(left out: {excluded}), power {'yes' if p.get('power') else 'NO (blind)'}")
         if not p.get("passed"):
             for w in p.get("worst") or []:

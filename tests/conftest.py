@@ -70,3 +70,18 @@ def ggml_variant(tmp_path_factory, default_ggml):
 def lib(default_build):
     from pytest_gradgate import binding
     return binding.load(default_build.library)
+
+
+@pytest.fixture(scope="session")
+def run_on(ggml_variant):
+    """run_on(variant name, case) -> Result, isolated, one warm worker per variant."""
+    from pytest_gradgate.isolation import Runner
+    runners = {}
+
+    def run(variant, case):
+        if variant not in runners:
+            runners[variant] = Runner(ggml_variant(variant)[1].library, isolate="case")
+        return runners[variant].run(case)
+    yield run
+    for r in runners.values():
+        r.close()

@@ -6,7 +6,6 @@ loss a scramble cannot survive; the SUM loss of test-backend-ops is blind to it,
 import pytest
 
 from pytest_gradgate.case import Case
-from pytest_gradgate.isolation import Runner
 
 pytestmark = pytest.mark.slow
 
@@ -14,19 +13,6 @@ pytestmark = pytest.mark.slow
 def story_case(consumer="permute_0213_transpose", loss="sqr"):
     return Case(name="concat_dim1", graph="concat(a, b, dim=1)", params={"a": [4, 3, 5, 1], "b": [4, 2, 5, 1]},
                 consumer=consumer, loss=loss)
-
-
-@pytest.fixture(scope="module")
-def run_on(ggml_variant):
-    runners = {}
-
-    def run(variant, c):
-        if variant not in runners:
-            runners[variant] = Runner(ggml_variant(variant)[1].library, isolate="case")
-        return runners[variant].run(c)
-    yield run
-    for r in runners.values():
-        r.close()
 
 
 def test_buggy_concat_backward_fails_with_right_values_at_wrong_positions(run_on):

@@ -11,7 +11,6 @@ import pytest
 from pytest_gradgate import directional
 from pytest_gradgate.case import Case
 from pytest_gradgate.engine import run_case
-from pytest_gradgate.isolation import Runner
 
 # a 1.5B model's KV cache (head_dim 128, 2 KV heads): 192 cached tokens + 64 new ones, consumed
 # as attention consumes V: permute(0,2,1,3) then cont(transpose(...))
@@ -21,19 +20,6 @@ KV = {"a": [128, 192, 2, 1], "b": [128, 64, 2, 1]}
 def kv_case(loss="sqr", consumer="permute_0213_transpose"):
     return Case(name="kv_concat", graph="concat(a, b, dim=1)", params=KV, consumer=consumer, loss=loss,
                 mode="fast")
-
-
-@pytest.fixture(scope="module")
-def run_on(ggml_variant):
-    runners = {}
-
-    def run(variant, c):
-        if variant not in runners:
-            runners[variant] = Runner(ggml_variant(variant)[1].library, isolate="case")
-        return runners[variant].run(c)
-    yield run
-    for r in runners.values():
-        r.close()
 
 
 @pytest.mark.slow
