@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .cache import cache_root, file_lock, new_staging_dir, publish, sweep_stale_staging
+from .cache import cache_root, make_entry
 from .errors import BuildError
 from .source import read_ggml_version
 
@@ -190,28 +190,16 @@ def ensure_build(ggml_root, options=BuildOptions(), progress=None):
     """Return the build for (ggml_root, options), building it if no valid entry exists."""
     key = cache_key(ggml_root, options)
     entry = builds_dir() / key
+
+    def produce(staging):
+        info = _run_cmake(ggml_root, options, staging, progress)
+        info["key"] = key
+        (staging / BUILD_INFO).write_text(json.dumps(info, indent=2))
+
+    built_now = make_entry(entry, lambda e: _load_entry(e, key) is not None, produce)
     build = _load_entry(entry, key)
-    if build:
-        return build
-    with file_lock(builds_dir() / f"{key}.lock"):
-        build = _load_entry(entry, key)  # another process may have built it while we waited
-        if build:
-            return build
-        sweep_stale_staging(builds_dir(), key)
-        staging = new_staging_dir(entry)
-        try:
-            info = _run_cmake(ggml_root, options, staging, progress)
-            info["key"] = key
-            (staging / BUILD_INFO).write_text(json.dumps(info, indent=2))
-            if entry.exists():  # an invalid leftover (no build-info); never a valid entry
-                shutil.rmtree(entry)
-            publish(staging, entry)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-    built = _load_entry(entry, key)
-    built.cached = False
-    return built
+    build.cached = not built_now
+    return build
 
 
 _NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")

@@ -63,3 +63,30 @@ def sweep_stale_staging(parent, name):
         return
     for leftover in parent.glob(f".tmp-{name}-*"):
         shutil.rmtree(leftover, ignore_errors=True)
+
+
+def make_entry(entry, is_ready, produce):
+    """Make sure the cache entry folder `entry` exists, producing it at most once.
+
+    `is_ready(entry)` says whether a complete entry is there; `produce(staging)` fills a
+    fresh staging folder. Under the entry's lock (so concurrent processes wait for one
+    producer), leftovers of interrupted producers are swept, and the staging folder is
+    published in one rename, or removed if `produce` fails. Returns True when this call
+    produced the entry, False when it was already there."""
+    entry = Path(entry)
+    if is_ready(entry):
+        return False
+    with file_lock(entry.parent / f"{entry.name}.lock"):
+        if is_ready(entry):  # another process produced it while we waited
+            return False
+        sweep_stale_staging(entry.parent, entry.name)
+        staging = new_staging_dir(entry)
+        try:
+            produce(staging)
+            if entry.exists():  # an incomplete leftover, never a valid entry
+                shutil.rmtree(entry)
+            publish(staging, entry)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return True

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .build import GGML_BUILD_INPUTS, _failed, _hash_tree, _run_logged, build_tool_args, compiler_identity
-from .cache import cache_root, file_lock, new_staging_dir, publish, sweep_stale_staging
+from .cache import cache_root, make_entry
 from .case import Case
 from .errors import BuildError
 from .variants import copy_tree, insert_before
@@ -93,24 +93,16 @@ def ensure_reference(ggml_root, progress=None):
         return found
     key = reference_key(ggml_root)
     entry = references_dir() / key
-    with file_lock(references_dir() / f"{key}.lock"):
-        found = find_reference(ggml_root)
-        if found:
-            return found
-        sweep_stale_staging(references_dir(), key)
-        staging = new_staging_dir(entry)
-        started = time.time()
-        try:
-            _build_into(ggml_root, staging, progress)
-            info = {"ggml_root": str(ggml_root), "key": key, "build_seconds": round(time.time() - started, 1),
-                    "compiler": compiler_identity(), "cmake_args": list(CMAKE_ARGS)}
-            (staging / "build-info.json").write_text(json.dumps(info, indent=2))
-            if entry.exists():
-                shutil.rmtree(entry)
-            publish(staging, entry)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+    started = time.time()
+
+    def produce(staging):
+        _build_into(ggml_root, staging, progress)
+        info = {"ggml_root": str(ggml_root), "key": key, "build_seconds": round(time.time() - started, 1),
+                "compiler": compiler_identity(), "cmake_args": list(CMAKE_ARGS)}
+        (staging / "build-info.json").write_text(json.dumps(info, indent=2))
+
+    if not make_entry(entry, lambda e: find_reference(ggml_root) is not None, produce):
+        return find_reference(ggml_root)
     return ReferenceBuild(entry / BINARY, key, False, round(time.time() - started, 1))
 
 
@@ -440,7 +432,10 @@ def to_case(ref, seed=0):
 
 # -- comparing verdicts and MAAs --------------------------------------------------------------
 MAA_ORDERS = 1.5            # "same order": within 10^1.5 of each other ...
-NOISE_FLOOR = 1e-2          # ... or both below 1% of the limit, where MAA is float noise (random inputs)
+# ... or both below 10% of the limit, where MAA is float noise: test-backend-ops draws its
+# inputs from std::random_device, and its passing MAAs below 1e-5 scatter over two orders of
+# magnitude from run to run (seen: SUM 6e-8 in one run, 5e-7 in another), so a tighter floor flakes
+NOISE_FLOOR = 1e-1
 BORDERLINE = 3.0            # test-backend-ops' fixed 1e-4 limit fails correct cases by float noise up to ~3x
 
 

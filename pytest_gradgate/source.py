@@ -15,7 +15,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import cache_root, file_lock, new_staging_dir, publish, sweep_stale_staging
+from .cache import cache_root, make_entry
 from .errors import SourceError
 
 DEFAULT_DIST = "ggml-python"
@@ -137,29 +137,19 @@ def fetch_sdist_tree(dist, version, subdir, name, sha256=None, progress=None):
     sources = cache_root() / "sources"
     final = sources / f"{dist}-{version}"
     tree = final / name
-    if tree.is_dir():
-        return tree
-    with file_lock(sources / f"{final.name}.lock"):
-        if tree.is_dir():
-            return tree
-        sweep_stale_staging(sources, final.name)
-        staging = new_staging_dir(final)
-        try:
-            if progress:
-                progress(f"fetching {dist}=={version} (sdist) with pip")
-            sdist = _pip_download_sdist(dist, version, staging)
-            actual = sha256_of(sdist)
-            if sha256 and actual != sha256:
-                raise SourceError(f"{sdist.name}: sha256 {actual} does not match the pinned "
-                                  f"{sha256}; refusing to build an unknown ggml")
-            _extract_subdir(sdist, subdir, staging / name)
-            sdist.unlink()
-            if final.exists():
-                shutil.rmtree(final)
-            publish(staging, final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+
+    def produce(staging):
+        if progress:
+            progress(f"fetching {dist}=={version} (sdist) with pip")
+        sdist = _pip_download_sdist(dist, version, staging)
+        actual = sha256_of(sdist)
+        if sha256 and actual != sha256:
+            raise SourceError(f"{sdist.name}: sha256 {actual} does not match the pinned "
+                              f"{sha256}; refusing to build an unknown ggml")
+        _extract_subdir(sdist, subdir, staging / name)
+        sdist.unlink()
+
+    make_entry(final, lambda e: (e / name).is_dir(), produce)
     return tree
 
 
