@@ -43,8 +43,3 @@ def load(library_path):
 
 def ggml_version(lib):
     return ffi.string(lib.gg_ggml_version()).decode()
-
-
-def library_ggml_version(library_path):
-    """ggml's version as the built library itself reports it (shown in pytest's header)."""
-    return ggml_version(load(library_path))

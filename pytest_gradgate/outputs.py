@@ -6,7 +6,6 @@ import json
 import math
 import os
 import platform
-import sys
 from pathlib import Path
 
 REPORT_SCHEMA_VERSION = 1
@@ -189,13 +188,6 @@ def append_step_summary(text, env=None):
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(text)
     return True
-
-
-def print_annotations(lines, stream=None):
-    stream = stream or sys.stdout
-    for line in lines:
-        stream.write(line + "\n")
-    stream.flush()
 
 
 # -- the hooks that write them (registered by plugin.py) -----------------------------------
