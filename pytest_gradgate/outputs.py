@@ -8,6 +8,8 @@ import os
 import platform
 from pathlib import Path
 
+from .report_text import format_number as _fmt
+
 REPORT_SCHEMA_VERSION = 1
 REPORT_SCHEMA_FILE = Path(__file__).parent / "report.schema.json"
 
@@ -110,14 +112,6 @@ def _repo_path(path, workspace=None):
     return path
 
 
-def _fmt(value, spec=".3g"):
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    return format(value, spec)
-
-
 def one_line(r):
     """`MAA 4.44 > 1e-4: diagnosis` or `crashed in phase compute: diagnosis`."""
     if r.get("baseline") == "stale":
@@ -127,18 +121,27 @@ def one_line(r):
     return f"{what}: {r.get('diagnosis') or r.get('message') or ''}".rstrip(": ")
 
 
-def annotations(results, workspace=None):
-    """`::error file=...,line=...,title=...::message` for each case that failed the gate."""
+def _annotation(path, line, title, message, workspace=None):
+    props = []
+    if path:
+        props.append(f"file={_escape_property(_repo_path(path, workspace))}")
+        if line:
+            props.append(f"line={int(line)}")
+    props.append(f"title={_escape_property(title)}")
+    return f"::error {','.join(props)}::{_escape_data(message)}"
+
+
+def annotations(results, workspace=None, invalid=()):
+    """`::error file=...,line=...,title=...::message` for each case that failed the gate, and
+    for each case declaration that could not be loaded (`invalid`: dicts path, line, message)."""
     lines = []
     for r in failed_results(results):
         origin = r.get("origin") or {}
-        props = []
-        if origin.get("path"):
-            props.append(f"file={_escape_property(_repo_path(origin['path'], workspace))}")
-            if origin.get("line"):
-                props.append(f"line={int(origin['line'])}")
-        props.append(f"title={_escape_property('gradgate: ' + r['case_id'])}")
-        lines.append(f"::error {','.join(props)}::{_escape_data(r['case_id'] + ': ' + one_line(r))}")
+        lines.append(_annotation(origin.get("path"), origin.get("line"), "gradgate: " + r["case_id"],
+                                 r["case_id"] + ": " + one_line(r), workspace))
+    for bad in invalid:
+        lines.append(_annotation(bad.get("path"), bad.get("line"), "gradgate: invalid case",
+                                 "invalid case: " + bad["message"], workspace))
     return lines
 
 
@@ -227,5 +230,5 @@ class GateOutputs:
             terminalreporter.write_line(f"gradgate: baseline written to {self.state.baseline.path} "
                                         f"({len(self.state.baseline)} known failures)")
         if on_github_actions():
-            for line in annotations(self.state.results):
+            for line in annotations(self.state.results, invalid=self.state.invalid_cases):
                 terminalreporter.write_line(line)

@@ -52,6 +52,7 @@ class GateState:
         self.build = None
         self._runner = None
         self.results = []
+        self.invalid_cases = []         # declarations that could not be loaded: path, line, message
         self.start_failures_in_a_row = 0
         self.baseline = None            # known failures (baseline.Baseline), see load_baseline
         self.update_baseline = config.getoption("gradgate_update_baseline")
@@ -226,6 +227,11 @@ def pytest_collect_file(file_path, parent):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
+    if isinstance(item, InvalidCaseItem) and call.when == "setup":
+        # rides on the report like results do, for the GitHub annotation on the bad line
+        err = item.error
+        report.gradgate_invalid = {"path": str(err.path) if err.path else None, "line": err.line,
+                                   "message": err.args[0] if err.args else str(err)}
     result = getattr(item, "gradgate_result", None)
     if result is not None and call.when == "call":
         # rides on the report, so it reaches the controller under pytest-xdist
@@ -250,6 +256,9 @@ class ResultCollector:
         result = getattr(report, "gradgate_result", None)
         if result is not None:
             self.state.results.append(result)
+        invalid = getattr(report, "gradgate_invalid", None)
+        if invalid is not None:
+            self.state.invalid_cases.append(invalid)
 
 
 def pytest_sessionfinish(session, exitstatus):

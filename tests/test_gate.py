@@ -246,3 +246,24 @@ def test_annotations_escape_what_github_would_misread(tmp_path):
 def test_baseline_reasons_do_not_depend_on_where_ggml_was_built():
     line = "ggml aborted in phase compute: /tmp/dl/x-0.0.45/vendor/ggml/src/ggml-cpu/ops.cpp:1841: GGML_ASSERT(a) failed"
     assert normalise_reason(line) == "ggml aborted in phase compute: ggml-cpu/ops.cpp:1841: GGML_ASSERT(a) failed"
+
+
+def test_an_invalid_case_is_annotated_at_its_line_on_github_actions(pytester, default_build, monkeypatch):
+    """Verified to fail with the feature removed: without the invalid-case annotations the
+    run prints no `::error` line for the bad declaration (only the valid case's outcome)."""
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    (pytester.path / "gradgate_bad.yaml").write_text(
+        "cases:\n"
+        "  - name: fine\n"
+        "    params: {a: [4, 3]}\n"
+        "    graph: sqr(a)\n"
+        "    consumers: [none]\n"
+        "  - name: typo\n"
+        "    params: {a: [4, 3]}\n"
+        "    graph: sqrr(a)\n")
+    result = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "-p", "no:cacheprovider",
+                                           "gradgate_bad.yaml")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["::error file=*gradgate_bad.yaml,line=8,title=gradgate%3A invalid case::"
+                                 "invalid case: *unknown op 'sqrr'*"])
