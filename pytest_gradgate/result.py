@@ -65,11 +65,13 @@ _NO_BACKWARD = [
     re.compile(r"(\w+) backward pass not implemented"),
 ]
 _GGML_MESSAGE = re.compile(r"^(\S+:\d+: .*)$", re.M)
+# C's assert() (live in Debug builds): "prog: file.cpp:2777: void f(...): Assertion `x' failed."
+_C_ASSERT = re.compile(r"^\S+: (\S+:\d+: .*Assertion .* failed\.?)$", re.M)
 
 
 def ggml_message(stderr):
-    """ggml's own abort line (`ggml.c:6662: GGML_ASSERT(...) failed`), if any."""
-    found = _GGML_MESSAGE.findall(stderr or "")
+    """ggml's own abort line (`ggml.c:6662: GGML_ASSERT(...) failed`), or a failed C assert()."""
+    found = _GGML_MESSAGE.findall(stderr or "") or _C_ASSERT.findall(stderr or "")
     return found[-1].strip() if found else ""
 
 

@@ -224,3 +224,27 @@ def test_llama_cpp_root_builds_and_runs_a_case(llama_cpp_root, pytester):
     result.stdout.fnmatch_lines([f"gradgate: ggml 0.25.3 from {llama_cpp_root}", "*passed*"])
     outcomes = result.parseoutcomes()
     assert result.ret == pytest.ExitCode.OK and outcomes["passed"] >= 1 and "failed" not in outcomes
+
+
+@pytest.mark.slow
+def test_debug_build_turns_ggml_asserts_on(default_ggml, default_build):
+    """--gradgate-build-type Debug changes what fails loudly: SILU's backward kernel only
+    `assert()`s a contiguous gradient, so in Release a transposed gradient gives silently
+    wrong values (a failed comparison) while in Debug the assert aborts the case, and the
+    report quotes it. (One extra build of the default ggml at -O0, about 15 s cold.)"""
+    from pytest_gradgate.case import Case
+    from pytest_gradgate.isolation import Runner
+    case = Case("silu_through_transpose", "silu(a)", {"a": [4, 3]}, consumer="transpose")
+    debug = ensure_build(default_ggml, BuildOptions(build_type="Debug"))
+    assert debug.key != default_build.key
+    results = {}
+    for name, build in (("release", default_build), ("debug", debug)):
+        runner = Runner(build.library)
+        try:
+            results[name] = runner.run(case)
+        finally:
+            runner.close()
+    assert results["release"].status == "failed" and results["release"].maa > 0.1
+    dbg = results["debug"]
+    assert dbg.status == "crashed" and dbg.signal == "SIGABRT" and dbg.phase == "compute"
+    assert "Assertion `ggml_is_contiguous_1(grad)' failed" in dbg.message
