@@ -432,9 +432,8 @@ def to_case(ref, seed=0):
 
 # -- comparing verdicts and MAAs --------------------------------------------------------------
 MAA_ORDERS = 1.5            # "same order": within 10^1.5 of each other ...
-# ... or both below 10% of the limit, where MAA is float noise: test-backend-ops draws its
-# inputs from std::random_device, and its passing MAAs below 1e-5 scatter over two orders of
-# magnitude from run to run (seen: SUM 6e-8 in one run, 5e-7 in another), so a tighter floor flakes
+# ... or both below 10% of the limit, where MAA is float noise (test-backend-ops draws its
+# inputs from std::random_device). Only used where a case fails; see agreement().
 NOISE_FLOOR = 1e-1
 BORDERLINE = 3.0            # test-backend-ops' fixed 1e-4 limit fails correct cases by float noise up to ~3x
 
@@ -460,6 +459,11 @@ def agreement(ref, result):
     ours, theirs = result.maa, ref.worst_maa
     if ours is None or not math.isfinite(ours):
         return same_verdict, False, why or "our MAA is not finite"
+    if ours_pass and same_verdict:
+        # two passing (or borderline) MAAs are float noise of different random inputs (test-backend-ops seeds from
+        # std::random_device; seen: SIN 3.9e-6 here, 1.3e-4 in one of its runs): "same order" then
+        # means both stay within what a correct op shows, not a ratio of two noise values
+        return same_verdict, max(ours, theirs) <= BORDERLINE * limit, why
     floor = NOISE_FLOOR * limit
     same_order = (ours <= floor and theirs <= floor) or \
         (ours > 0 and theirs > 0 and abs(math.log10(ours / theirs)) <= MAA_ORDERS)
