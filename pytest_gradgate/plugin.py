@@ -73,16 +73,22 @@ class GateState:
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
         if tr is None:
             return None
-        last = {"text": None}
+        last = {"text": None, "label": None, "quarter": -1}
 
         def show(text):
             if text == last["text"]:
                 return
             last["text"] = text
-            if tr.isatty:
+            if tr.isatty:  # one updating line
                 tr.rewrite(f"gradgate: {text}", erase=True)
-            elif text.endswith("]") is False or text.split("[")[-1].split("/")[0] in ("1",):
+                return
+            # a log (CI): each step's first line, then one line per quarter of the build
+            label, _, counter = text.partition(" [")
+            done, _, total = counter.rstrip("]%").partition("/")
+            quarter = int(done) * 4 // int(total) if done.isdigit() and total.isdigit() and int(total) else -1
+            if label != last["label"] or quarter > last["quarter"]:
                 tr.write_line(f"gradgate: {text}")
+            last["label"], last["quarter"] = label, max(quarter, last["quarter"] if label == last["label"] else -1)
         return show
 
     def load_baseline(self):
