@@ -141,7 +141,7 @@ def fetch_sdist_tree(dist, version, subdir, name, sha256=None, progress=None):
     def produce(staging):
         if progress:
             progress(f"fetching {dist}=={version} (sdist) with pip")
-        sdist = _pip_download_sdist(dist, version, staging)
+        sdist = _pip_download_sdist(dist, version, staging, sha256)
         actual = sha256_of(sdist)
         if sha256 and actual != sha256:
             raise SourceError(f"{sdist.name}: sha256 {actual} does not match the pinned "
@@ -153,10 +153,24 @@ def fetch_sdist_tree(dist, version, subdir, name, sha256=None, progress=None):
     return tree
 
 
-def _pip_download_sdist(dist, version, dest):
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-           "--disable-pip-version-check", "-d", str(dest), f"{dist}=={version}"]
+def _pip_download_sdist(dist, version, dest, sha256=None):
+    """Download the sdist with pip. With a pinned sha256 pip checks it (--require-hashes)
+    before it prepares the sdist's metadata, i.e. before any code from the sdist runs."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", dist,
+           "--disable-pip-version-check", "-d", str(dest)]
+    requirement = Path(dest) / "gradgate-requirement.txt"
+    if sha256:
+        requirement.write_text(f"{dist}=={version} --hash=sha256:{sha256}\n")
+        cmd += ["--require-hashes", "-r", str(requirement)]
+    else:
+        cmd.append(f"{dist}=={version}")
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    requirement.unlink(missing_ok=True)
+    got = re.search(r"Got\s+([0-9a-f]{64})", proc.stdout)
+    if proc.returncode != 0 and sha256 and got:
+        name = re.search(r"/([^/\s]+\.tar\.gz)", proc.stdout)
+        raise SourceError(f"{name.group(1) if name else dist}: sha256 {got.group(1)} does not match the pinned "
+                          f"{sha256}; refusing to build an unknown ggml")
     found = sorted(Path(dest).glob("*.tar.gz"))
     if proc.returncode != 0 or len(found) != 1:
         tail = "\n".join(proc.stdout.splitlines()[-5:])
