@@ -5,6 +5,7 @@ A file holds `cases:`, a list of mappings. Each mapping expands into one Case pe
 the other cases of the file still load.
 """
 
+import math
 import re
 from math import prod
 from pathlib import Path
@@ -87,6 +88,9 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
     if not isinstance(data["cases"], list):
         return [], [CaseError("'cases' must be a list of case mappings", path, top_lines.get("cases"))]
     defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        return [], [CaseError("'defaults' must be a mapping of case keys (e.g. eps: 0.1)", path,
+                              top_lines.get("defaults"))]
     case_nodes = next(v for k, v in root.value if k.value == "cases").value
     loaded, errors, seen = [], [], {}
     for raw, node in zip(data["cases"], case_nodes):
@@ -98,6 +102,8 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
             key_lines = _key_lines(node) if isinstance(node, yaml.MappingNode) else {}
             key_lines["graph lines"] = _graph_item_lines(node) if isinstance(node, yaml.MappingNode) else []
             name = merged.get("name")
+            if not isinstance(name, str):
+                raise CaseError(f"'name' must be a string, got {name!r}", path, key_lines.get("name", line))
             if name in seen:
                 raise CaseError(f"duplicate case name '{name}' (first declared on line {seen[name]})", path,
                                 key_lines.get("name", line))
@@ -108,12 +114,19 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
             if exc.path is None:
                 exc.path, exc.line = path, line
             errors.append(exc)
+        except (TypeError, ValueError, ArithmeticError) as exc:
+            # a value of a shape no check above foresaw: still one error at this case's line,
+            # never a traceback that loses the file's other cases
+            errors.append(CaseError(f"invalid case ({type(exc).__name__}: {exc}); see `gradgate ops` "
+                                    "and pytest_gradgate/cases.schema.json for the format", path, line))
     return loaded, errors
 
 
 def _number(value, key, where, positive=True):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and not value > 0):
         raise CaseError(f"'{key}' must be a positive number, got {value!r}", *where)
+    if not math.isfinite(value):
+        raise CaseError(f"'{key}' must be a finite number, got {value!r}", *where)
     return float(value)
 
 

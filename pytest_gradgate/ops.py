@@ -306,7 +306,14 @@ def _conv_out(size, k, s, pad, d):
     return (size + 2 * pad - d * (k - 1) - 1) // s + 1
 
 
+def _positive(op, p, names):
+    bad = [n for n in names if p[n] <= 0]
+    if bad:
+        raise ShapeError(f"{op}: {', '.join(f'{n}={p[n]}' for n in bad)} must be positive")
+
+
 def _im2col_shape(s, p):
+    _positive("im2col", p, ("s0", "s1", "d0", "d1"))
     k, x = s["kernel"], s["a"]
     if p["is_2d"]:
         if k[2] != x[2]:
@@ -329,6 +336,7 @@ op("im2col", "IM2COL", ["kernel", "a"], _im2col_shape,
 
 
 def _pool_shape(s, p):
+    _positive("pool_2d", p, ("k0", "k1", "s0", "s1"))
     a = s["a"]
     if p["op"] not in POOL:
         raise ShapeError(f"pool_2d: op '{p['op']}' must be one of {sorted(POOL)}")

@@ -88,7 +88,7 @@ def _convert(s, value, where):
             value = int(value)
         elif s.kind == "float":
             value = float(value)
-            if value < 0:
+            if not 0 <= value < float("inf"):  # also refuses nan
                 raise ValueError
         elif s.kind == "size":
             value = parse_size(value)

@@ -16,7 +16,7 @@ import yaml
 import pytest_gradgate
 from pytest_gradgate.cache import cache_root
 from pytest_gradgate.consumers import CONSUMERS
-from pytest_gradgate.loader import CASE_KEYS
+from pytest_gradgate.loader import CASE_KEYS, load_file
 from pytest_gradgate.losses import LOSSES
 
 PACKAGE = Path(pytest_gradgate.__file__).parent
@@ -250,3 +250,20 @@ def test_schema_names_the_same_keys_consumers_and_losses_as_the_loader():
     assert set(defs["caseFields"]["properties"]) == set(CASE_KEYS)
     assert defs["consumer"]["enum"] == list(CONSUMERS)
     assert defs["loss"]["enum"] == list(LOSSES)
+
+
+@pytest.mark.parametrize("text, line, message", [
+    ("defaults: [1]\ncases:\n  - name: x\n", 1, "'defaults' must be a mapping"),
+    ("cases:\n  - name: [x]\n    params: {a: [4]}\n    graph: sqr(a)\n", 2, "'name' must be a string"),
+    ("cases:\n  - name: p\n    params: {a: [4, 4]}\n    graph: pool_2d(a, s0=0)\n", 4, "s0=0 must be positive"),
+    ("cases:\n  - name: i\n    params: {a: [4, 4]}\n    graph: im2col(a, a, d1=0)\n", 4, "d1=0 must be positive"),
+    ("cases:\n  - name: t\n    params: {a: [4]}\n    graph: sqr(a)\n    timeout: .inf\n", 5, "must be a finite number"),
+])
+def test_values_no_check_foresaw_are_errors_at_their_line_not_tracebacks(text, line, message):
+    """Each of these once escaped the loader as a TypeError/ZeroDivisionError traceback
+    (losing the file's other cases); a good case after it still loads."""
+    good = "  - name: good\n    params: {a: [4]}\n    graph: sqr(a)\n"
+    loaded, errors = load_file("f.yaml", text=text + ("" if text.startswith("defaults") else good))
+    assert [str(e) for e in errors] and str(errors[0]).startswith(f"f.yaml:{line}: ") and message in str(errors[0])
+    if not text.startswith("defaults"):
+        assert [c.name for c in loaded] == ["good"]
