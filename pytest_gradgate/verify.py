@@ -83,7 +83,10 @@ def touched_paths(patch_text):
         if line.startswith(("--- ", "+++ ")):
             name = line[4:].split("\t")[0].strip()
             if name != "/dev/null" and "/" in name:
-                paths.add(name.split("/", 1)[1])
+                rel = name.split("/", 1)[1]
+                # a path that climbs out of the tree is not the tree's change: never copy it
+                if not rel.startswith("/") and ".." not in Path(rel).parts:
+                    paths.add(rel)
     return sorted(paths)
 
 
@@ -135,8 +138,11 @@ def run_side(ggml_root, report_path, args, workdir, label):
         cmd.append("--gradgate-no-builtin")
         for f in args.cases:
             cmd += ["--gradgate-cases", str(Path(f).resolve())]
-    # the run is defined by the command line alone: no inherited source, baseline or outputs
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRADGATE_", "GITHUB_"))}
+    # the run is defined by the command line alone: no inherited source, baseline, cases or
+    # outputs (the cache folder is kept: both sides should hit the user's build cache)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GRADGATE_", "GITHUB_")) or k == "GRADGATE_CACHE_DIR"}
+    Path(report_path).unlink(missing_ok=True)  # a report left in a reused workdir is not this run's
     print(f"gradgate verify: running the cases {label} ({ggml_root})", flush=True)
     proc = subprocess.run(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if not Path(report_path).is_file():
