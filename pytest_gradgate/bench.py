@@ -30,6 +30,7 @@ from pathlib import Path
 from . import reference
 from .build import BuildOptions, ensure_build
 from .case import Case
+from .errors import GradgateError
 from .isolation import Runner
 from .loader import load_file
 from .source import resolve_source
@@ -230,7 +231,14 @@ def main(argv=None):
     parser.add_argument("--cold", action="store_true", help="also time a cold build into an empty cache")
     parser.add_argument("--no-fast", action="store_true", help="skip the fast-mode figures (10^6 elements)")
     args = parser.parse_args(argv)
+    try:
+        return _bench(args)
+    except GradgateError as exc:
+        print(f"gradgate bench: {exc}", file=sys.stderr)
+        return 2
 
+
+def _bench(args):
     source = resolve_source(args.ggml_src)
     load = os.getloadavg()[0]
     print(f"gradgate bench: ggml {source.version} from {source.label}; {os.cpu_count()} cores, "
@@ -256,6 +264,9 @@ def main(argv=None):
         picked = select_cases(ref.binary, op, args.max_cases)
         if picked:
             selected[op] = picked
+    if not selected:
+        raise GradgateError(f"--ops {args.ops}: no comparable test-backend-ops grad case for these ops "
+                            "(names as test-backend-ops writes them, e.g. SQR,MUL_MAT)")
     tbo_startup, _ = run_tbo(ref.binary, "SQR", params="^$")
     print(f"test-backend-ops start-up (constructing its cases, no case run): {tbo_startup.wall_s:.2f} s")
 

@@ -19,7 +19,6 @@ from .ops import ne4
 from .result import Result
 
 GRAPH_SIZE = 4096
-PHASES = ("build-forward", "build-backward", "compute", "numeric", "compare")
 
 
 class GraphBuilder:

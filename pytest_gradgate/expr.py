@@ -24,8 +24,6 @@ class Call:
     kwargs: tuple = ()          # ((name, value), ...), order kept
     col: int = 0
 
-    def kwargs_dict(self):
-        return dict(self.kwargs)
 
 
 @dataclass

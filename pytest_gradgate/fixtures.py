@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .errors import CaseError
+from .errors import CaseError, GradgateError
 from .loader import build_cases
 from .report_text import format_result
 
@@ -84,7 +84,11 @@ class Checker:
     def run(self, graph, params, **fields):
         """Run one check in isolation and return its CheckResult (never fails the test)."""
         state, case = self._case(graph, params, **fields)
-        result = state.runner().run(case)
+        try:
+            runner = state.runner()   # builds ggml on first use when --gradgate did not
+        except GradgateError as exc:
+            pytest.fail(f"gradgate: {exc}", pytrace=False)
+        result = runner.run(case)
         node = self._request.node
         # the plugin puts item.gradgate_result on the report (JSON/HTML outputs, summary);
         # with several checks in one test, the first that did not pass is the one to show

@@ -193,7 +193,11 @@ class Runner:
         process, unless isolate=none: a library that cannot load can kill the process."""
         if self.isolate == "none":
             from . import binding
-            self.lib = self.lib or binding.load(self.library)
+            from .errors import GradgateError
+            try:
+                self.lib = self.lib or binding.load(self.library)
+            except GradgateError:
+                return None   # each case reports it
             return binding.ggml_version(self.lib)
         try:
             return self._ensure_worker().ggml_version

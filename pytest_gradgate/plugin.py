@@ -6,7 +6,6 @@ collected; only the `gradgate` fixture is available (it builds on first use).
 """
 
 import dataclasses
-import os
 import re
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 from . import baseline as baseline_file
 from . import outputs, settings
-from .build import BuildOptions, ensure_build
+from .build import BuildOptions, ensure_build, gpu_visible
 from .errors import GradgateError
 from .fixtures import gradgate  # noqa: F401  (registers the fixture)
 from .isolation import BROKEN_BUILD, Runner
@@ -143,7 +142,7 @@ def pytest_configure(config):
             raise pytest.UsageError(str(exc)) from None
     if not state.enabled:
         return
-    if "cuda" in state.backends and not _gpu_visible():
+    if "cuda" in state.backends and not gpu_visible():
         raise pytest.UsageError(
             f"--gradgate-backend {state.settings['backend']}: no NVIDIA GPU is visible on this machine "
             "(no /dev/nvidia0 and nvidia-smi not found); use --gradgate-backend cpu, or run on a GPU machine")
@@ -172,11 +171,6 @@ def pytest_ignore_collect(collection_path, config):
     if collection_path.is_file() and collection_path.suffix not in (".yaml", ".yml"):
         return True
     return None
-
-
-def _gpu_visible():
-    import shutil
-    return os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
 
 
 @pytest.hookimpl(tryfirst=True)

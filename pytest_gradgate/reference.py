@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .build import GGML_BUILD_INPUTS, _failed, _hash_tree, _run_logged, build_tool_args, compiler_identity
+from .build import (GGML_BUILD_INPUTS, _failed, _hash_tree, _require_cmake, _run_logged, build_tool_args,
+                    compiler_identity)
 from .cache import cache_root, make_entry
 from .case import Case
 from .errors import BuildError
@@ -107,8 +108,7 @@ def ensure_reference(ggml_root, progress=None):
 
 
 def _build_into(ggml_root, staging, progress):
-    if not shutil.which("cmake"):
-        raise BuildError("cmake was not found on PATH; install it (e.g. pip install cmake or apt-get install cmake)")
+    _require_cmake()
     src = copy_tree(ggml_root, staging / "src")
     insert_before(src / SOURCE, MAA_ANCHOR, MAA_REPORT)
     work = staging / "work"

@@ -4,7 +4,6 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 
-STATUSES = ("passed", "failed", "skipped", "crashed", "timeout", "error")
 
 
 @dataclass

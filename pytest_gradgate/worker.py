@@ -160,7 +160,6 @@ class ForkingRunner:
             if reply.get("result", {}).get("status") == "passed":
                 run_case(case, self.lib)
                 self.baseline_rss = memory_baseline("VmRSS:")
-                self._retire_spare()   # forked before the worker was warm
                 return
 
     def run(self, line, request, prefork=True):
