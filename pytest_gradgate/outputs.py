@@ -210,14 +210,25 @@ class GateOutputs:
         if not self._active(session.config):
             return
         path = state.settings["json"]
+        self.write_errors = []
         if path:
+            # like --gradgate-html: relative to where pytest was started, and a path that
+            # cannot be written is one line in the summary, not an INTERNALERROR
+            path = Path(session.config.invocation_params.dir) / path
             doc = report(state.results, state.source, state.build, state.backends, state.baseline, exitstatus)
-            write_report(path, doc)
-            self.json_written = path
+            try:
+                write_report(path, doc)
+                self.json_written = path
+            except OSError as exc:
+                self.write_errors.append(f"could not write the JSON report (--gradgate-json): {exc}")
         if state.update_baseline and state.baseline is not None:
             version = state.build.info.get("ggml_version") if state.build else None
             state.baseline = state.baseline.updated(state.results, version)
-            state.baseline.save()
+            try:
+                state.baseline.save()
+            except OSError as exc:
+                self.write_errors.append(f"could not write the baseline (--gradgate-baseline): {exc}")
+                state.baseline = None
         if on_github_actions():
             append_step_summary(step_summary(state.results, state.source.label if state.source else None))
 
@@ -226,6 +237,8 @@ class GateOutputs:
             return
         if self.json_written:
             terminalreporter.write_line(f"gradgate: JSON report written to {self.json_written}")
+        for error in getattr(self, "write_errors", ()):
+            terminalreporter.write_line(f"gradgate: {error}", red=True)
         if self.state.update_baseline and self.state.baseline is not None:
             terminalreporter.write_line(f"gradgate: baseline written to {self.state.baseline.path} "
                                         f"({len(self.state.baseline)} known failures)")
