@@ -85,3 +85,12 @@ def run_on(ggml_variant):
     yield run
     for r in runners.values():
         r.close()
+
+
+@pytest.fixture(scope="session")
+def runner(default_build):
+    """An isolating Runner (warm worker, a fork per case) on the default ggml."""
+    from pytest_gradgate.isolation import Runner
+    r = Runner(default_build.library, isolate="case")
+    yield r
+    r.close()

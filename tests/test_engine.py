@@ -17,13 +17,6 @@ def case(graph, params, **kw):
     return Case(name="t", graph=graph, params=params, **kw)
 
 
-@pytest.fixture(scope="module")
-def runner(default_build):
-    r = Runner(default_build.library, isolate="case")
-    yield r
-    r.close()
-
-
 # ---------------------------------------------------------------- MAA and what never passes
 
 def test_maa_of_a_real_failure_is_test_backend_ops_mean_abs_asymm(lib):

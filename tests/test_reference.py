@@ -17,7 +17,6 @@ import math
 import pytest
 
 from pytest_gradgate import reference
-from pytest_gradgate.isolation import Runner
 
 pytestmark = pytest.mark.slow
 
@@ -36,13 +35,6 @@ def tbo(default_ggml):
 @pytest.fixture(scope="module")
 def runs(tbo):
     return {op: reference.run_grad(tbo, op, params=p, timeout=300) for op, p in SAMPLE}
-
-
-@pytest.fixture(scope="module")
-def runner(default_build):
-    r = Runner(default_build.library, isolate="case")
-    yield r
-    r.close()
 
 
 def test_output_is_parsed_case_by_case(runs):
