@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_gradgate.cache import cache_root
-from pytest_gradgate.source import default_ggml_root
+from pytest_gradgate.build.cache import cache_root
+from pytest_gradgate.build.source import default_ggml_root
 
 PROBE = '''
 import time
@@ -30,7 +30,7 @@ import pytest
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session):
-    from pytest_gradgate import binding
+    from pytest_gradgate.build import binding
     from pytest_gradgate.plugin import state_of
     lib = binding.load(state_of(session.config).build.library)
     print(f"GRADGATE_LOADED {time.time():.6f} ggml {binding.ggml_version(lib)}", flush=True)

@@ -23,14 +23,15 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_gradgate import binding
-from pytest_gradgate.build import BuildOptions, ensure_build
-from pytest_gradgate.engine import run_case
-from pytest_gradgate.isolation import Runner
-from pytest_gradgate.loader import load_file
-from pytest_gradgate.source import resolve_source
+import pytest_gradgate
+from pytest_gradgate.build import binding
+from pytest_gradgate.build.cmake import BuildOptions, ensure_build
+from pytest_gradgate.check.engine import run_case
+from pytest_gradgate.isolation.parent import Runner
+from pytest_gradgate.declare.loader import load_file
+from pytest_gradgate.build.source import resolve_source
 
-SUITE = Path(__file__).resolve().parent.parent / "pytest_gradgate" / "cases.yaml"
+SUITE = Path(pytest_gradgate.__file__).resolve().parent / "cases.yaml"
 TARGET_MS = 5.0
 
 

@@ -18,18 +18,19 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_gradgate.build import BuildOptions, ensure_build
-from pytest_gradgate.case import Case
-from pytest_gradgate.consumers import CONSUMERS, check_consumer
-from pytest_gradgate.expr import Call, main_op, parse_graph
-from pytest_gradgate.graph import infer_shapes
-from pytest_gradgate.isolation import Runner
-from pytest_gradgate.loader import load_file
-from pytest_gradgate.ops import OPS
-from pytest_gradgate.result import ggml_message
-from pytest_gradgate.source import default_ggml_root
+import pytest_gradgate
+from pytest_gradgate.build.cmake import BuildOptions, ensure_build
+from pytest_gradgate.declare.case import Case
+from pytest_gradgate.ops.consumers import CONSUMERS, check_consumer
+from pytest_gradgate.declare.expr import Call, main_op, parse_graph
+from pytest_gradgate.declare.graph import infer_shapes
+from pytest_gradgate.isolation.parent import Runner
+from pytest_gradgate.declare.loader import load_file
+from pytest_gradgate.ops.table import OPS
+from pytest_gradgate.check.result import ggml_message
+from pytest_gradgate.build.source import default_ggml_root
 
-SUITE = Path(__file__).resolve().parent.parent / "pytest_gradgate" / "cases.yaml"
+SUITE = Path(pytest_gradgate.__file__).resolve().parent / "cases.yaml"
 
 # ops the built-in suite may not cover
 FALLBACK = {

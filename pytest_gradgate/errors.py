@@ -5,6 +5,10 @@ class GradgateError(Exception):
     """Base for every error pytest-gradgate reports without a Python traceback."""
 
 
+class UsageError(GradgateError):
+    """The command line asked for something that cannot be: a bad argument or path (exit 2)."""
+
+
 class SourceError(GradgateError):
     """The ggml source could not be found, fetched or recognised."""
 

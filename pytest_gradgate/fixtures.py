@@ -8,6 +8,9 @@
 take the keys of a YAML case (inputs=, init=, loss=, eps=, max_maa=, ...), with `consumer`
 and `backend` in the singular: one call is one case. A case declared here is a user's case:
 an op without a backward in the ggml under test fails it (the built-in suite skips instead).
+
+Importing this module is cheap (the plugin imports it on every pytest run): the loader, the
+build and the runner are imported when a test first uses the fixture.
 """
 
 import re
@@ -16,9 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .errors import CaseError, GradgateError
-from .loader import build_cases
-from .report_text import format_result
+from pytest_gradgate.errors import CaseError, GradgateError
 
 _HERE = str(Path(__file__).resolve())
 
@@ -38,6 +39,7 @@ class CheckResult:
         return self.result.status == "passed"
 
     def report(self):
+        from pytest_gradgate.report.text import format_result
         return format_result(self.result)
 
     def __str__(self):
@@ -61,7 +63,8 @@ class Checker:
         self._count = 0
 
     def _case(self, graph, params, name=None, consumer="none", backend=None, **fields):
-        from .plugin import state_of
+        from pytest_gradgate.declare.loader import build_cases   # yaml and the op table: only when used
+        from pytest_gradgate.gate.state import state_of
         state = state_of(self._request.config)
         node = self._request.node
         self._count += 1

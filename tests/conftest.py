@@ -5,14 +5,20 @@ built once per machine, whichever test asks first."""
 import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from pytest_gradgate.build import BuildOptions, ensure_build
-from pytest_gradgate.cache import cache_root
+from pytest_gradgate.build.cmake import BuildOptions, ensure_build
+from pytest_gradgate.build.cache import cache_root
 from pytest_gradgate.errors import SourceError
-from pytest_gradgate.source import default_ggml_root, fetch_sdist_tree
-from pytest_gradgate.variants import make_variant
+from pytest_gradgate.build.source import default_ggml_root, fetch_sdist_tree
+from ggml_variants import make_variant
+
+# bench/reference.py (ggml's test-backend-ops, built from the same tree) is benchmark tooling
+# that the reference tests use too; neither ships in the wheel
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 pytest_plugins = ["pytester"]
 
@@ -68,14 +74,14 @@ def ggml_variant(tmp_path_factory, default_ggml):
 
 @pytest.fixture(scope="session")
 def lib(default_build):
-    from pytest_gradgate import binding
+    from pytest_gradgate.build import binding
     return binding.load(default_build.library)
 
 
 @pytest.fixture(scope="session")
 def run_on(ggml_variant):
     """run_on(variant name, case) -> Result, isolated, one warm worker per variant."""
-    from pytest_gradgate.isolation import Runner
+    from pytest_gradgate.isolation.parent import Runner
     runners = {}
 
     def run(variant, case):
@@ -90,7 +96,7 @@ def run_on(ggml_variant):
 @pytest.fixture(scope="session")
 def runner(default_build):
     """An isolating Runner (warm worker, a fork per case) on the default ggml."""
-    from pytest_gradgate.isolation import Runner
+    from pytest_gradgate.isolation.parent import Runner
     r = Runner(default_build.library, isolate="case")
     yield r
     r.close()

@@ -15,14 +15,14 @@ import time
 
 import pytest
 
-from pytest_gradgate.build import GGML_BUILD_INPUTS, BuildOptions, cache_key, ensure_build, find_build
+from pytest_gradgate.build.cmake import GGML_BUILD_INPUTS, BuildOptions, cache_key, ensure_build, find_build
 from pytest_gradgate.errors import BuildError
 
 # build (or find) the library for argv[1], load it, and say what happened, as JSON
 BUILD_AND_LOAD = """
 import json, os, sys, time
-from pytest_gradgate import binding
-from pytest_gradgate.build import BuildOptions, ensure_build
+from pytest_gradgate.build import binding
+from pytest_gradgate.build.cmake import BuildOptions, ensure_build
 if len(sys.argv) > 2:  # a start line shared with another builder: say ready, wait for "go"
     open(sys.argv[2] + f".ready-{os.getpid()}", "w").close()
     while not os.path.exists(sys.argv[2]):
@@ -70,28 +70,36 @@ def test_cache_hit_loads_without_cmake(default_ggml, default_build, tmp_path):
     assert out["version"] == "0.15.3"
 
 
-def test_report_header_shows_ggml_version(default_build, pytester):
-    result = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "-p", "no:cacheprovider")
-    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+def test_the_run_names_the_ggml_it_checked(default_build, pytester):
+    """The version is read from the library the cases ran on, once one has run."""
+    result = pytester.runpytest_subprocess("--gradgate", "-k", "dup and none", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines([
+        "gradgate: ggml from default (ggml vendored by ggml-python==0.0.45); Release build for cpu, "
+        "made or found when the first case runs",
+        "*gradgate*",
         "gradgate: ggml 0.15.3 from default (ggml vendored by ggml-python==0.0.45)",
         f"gradgate: Release build for cpu (cached): {default_build.library}",
     ])
 
 
-def test_gradgate_build_prints_the_library(default_build):
+def test_gradgate_build_prints_the_library_alone(default_build):
+    """Before: ten lines on stdout (the path, then build-info); a script wants the path."""
     proc = subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "build"], text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines[0] == str(default_build.library)
-    assert "ggml_version: 0.15.3" in lines and "cached: True" in lines
+    assert proc.stdout.splitlines() == [str(default_build.library)]
+    proc = subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "build", "-v"], text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
+    assert proc.stdout.splitlines() == [str(default_build.library)]
+    assert {"ggml_version: 0.15.3", "cached: True"} <= set(proc.stderr.splitlines())
 
 
-def test_gradgate_build_bad_source_is_one_line(tmp_path):
+def test_gradgate_build_bad_source_is_one_line_and_a_usage_error(tmp_path):
+    """Before: exit 1 here and 2 in the other subcommands."""
     proc = subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "build", "--ggml-src", str(tmp_path / "nope")],
                           text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stderr.splitlines() == [f"gradgate build: error: --ggml-src: ggml source '{tmp_path / 'nope'}' "
                                         "does not exist (expected a ggml checkout or a llama.cpp checkout)"]
 
@@ -99,15 +107,15 @@ def test_gradgate_build_bad_source_is_one_line(tmp_path):
 @pytest.mark.slow
 def test_cold_build_shows_progress(default_ggml, pytester, tmp_path, monkeypatch):
     """A cold build (empty cache dir) through pytest: configure and build progress lines
-    appear before the session header, which then says it was built."""
+    appear when the first case is about to run, and the summary says it was built."""
     monkeypatch.setenv("GRADGATE_CACHE_DIR", str(tmp_path / "cache"))
     result = pytester.runpytest_subprocess("--gradgate", "--gradgate-ggml-src", str(default_ggml),
-                                           "--gradgate-no-builtin", "-p", "no:cacheprovider")
-    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED, result.stderr.str()
+                                           "-k", "dup and none", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK, result.stderr.str()
     result.stdout.fnmatch_lines([
+        "*test session starts*",
         "gradgate: configuring ggml",
         "gradgate: building ggml [[]1/*[]]",
-        "*test session starts*",
         f"gradgate: ggml 0.15.3 from {default_ggml}",
         "gradgate: Release build for cpu (built in * s): *libgradgate.so",
     ])
@@ -204,12 +212,22 @@ def test_failed_build_reports_log_tail_and_path(default_ggml, tmp_path, monkeypa
     assert find_build(broken, BuildOptions()) is None
     assert entries(tmp_path / "cache") == ["failed"]  # only the kept logs
 
+    # collection never builds: listing the cases, or a -k that selects none, runs no CMake
+    for args in (["--collect-only", "-q"], ["-k", "no_such_case"]):
+        result = pytester.runpytest_subprocess("--gradgate", f"--gradgate-ggml-src={broken}", "-p", "no:cacheprovider",
+                                               *args)
+        assert result.ret in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED), result.stdout.str()
+        assert "configuring ggml" not in result.stdout.str() and "CMake" not in result.stdout.str()
+    # the first case that runs builds; the failure is that item's error, and the run stops there
     result = pytester.runpytest_subprocess("--gradgate", "--gradgate-ggml-src", str(broken), "-p", "no:cacheprovider")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: gradgate: CMake build of ggml at {broken} failed: "
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*ERROR at setup of *",
+                                 f"gradgate: CMake build of ggml at {broken} failed: "
                                  f"{broken}/src/ggml.c:{bad_line}:*error: *",
                                  "--- last lines of the build log ---",
-                                 "(full log: *.log)"])
+                                 "(full log: *.log)",
+                                 "*the ggml build failed*",
+                                 "*1 error*"])
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
 
 
@@ -232,8 +250,8 @@ def test_debug_build_turns_ggml_asserts_on(default_ggml, default_build):
     `assert()`s a contiguous gradient, so in Release a transposed gradient gives silently
     wrong values (a failed comparison) while in Debug the assert aborts the case, and the
     report quotes it. (One extra build of the default ggml at -O0, about 15 s cold.)"""
-    from pytest_gradgate.case import Case
-    from pytest_gradgate.isolation import Runner
+    from pytest_gradgate.declare.case import Case
+    from pytest_gradgate.isolation.parent import Runner
     case = Case("silu_through_transpose", "silu(a)", {"a": [4, 3]}, consumer="transpose")
     debug = ensure_build(default_ggml, BuildOptions(build_type="Debug"))
     assert debug.key != default_build.key

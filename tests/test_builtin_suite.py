@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 import pytest_gradgate
-from pytest_gradgate.cache import cache_root, file_lock
-from pytest_gradgate.expr import ops_used, parse_graph
-from pytest_gradgate.loader import load_file
-from pytest_gradgate.ops import OPS
+from pytest_gradgate.build.cache import cache_root, file_lock
+from pytest_gradgate.declare.expr import ops_used, parse_graph
+from pytest_gradgate.declare.loader import load_file
+from pytest_gradgate.ops.table import OPS
 
 BUILTIN = Path(pytest_gradgate.__file__).parent / "cases.yaml"
 USER_CACHE = cache_root()
@@ -171,7 +171,7 @@ def test_the_suite_catches_the_concat_story(variant, ggml_variant):
     gets through ggml's own kernels; the buggy one (slicing with the forward's strides) fails
     each concat case behind a non-contiguous consumer and the KV walk even through `none`,
     because the attention itself transposes V after the concat."""
-    from pytest_gradgate.isolation import Runner
+    from pytest_gradgate.isolation.parent import Runner
     _, build = ggml_variant(variant)
     loaded, _ = _loaded()
     cases = [c for entry in loaded if entry.name.startswith(("concat_", "kv_walk")) and entry.name != "kv_walk_query"

@@ -5,7 +5,7 @@ loss a scramble cannot survive; the SUM loss of test-backend-ops is blind to it,
 
 import pytest
 
-from pytest_gradgate.case import Case
+from pytest_gradgate.declare.case import Case
 
 pytestmark = pytest.mark.slow
 

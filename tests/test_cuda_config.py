@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pytest_gradgate.build import BuildOptions, cache_key, gpu_visible
+from pytest_gradgate.build.cmake import BuildOptions, cache_key, gpu_visible
 
 no_gpu = pytest.mark.skipif(gpu_visible(), reason="a GPU is visible here; these check the no-GPU behaviour")
 CUDA_90 = BuildOptions(backends=("cpu", "cuda"), cuda_arch="90")
@@ -48,7 +48,7 @@ def test_configure_only_cuda_with_this_machines_nvcc(default_ggml):
 @no_gpu
 def test_native_cuda_arch_without_gpu_fails_fast():
     proc = gradgate_build("--configure-only", "--backend", "cuda")
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         "gradgate build: error: --backend cuda --cuda-arch native needs a visible NVIDIA GPU and there is none "
         "here; give the architecture to build for, e.g. --cuda-arch 90"]
@@ -56,9 +56,10 @@ def test_native_cuda_arch_without_gpu_fails_fast():
 
 def test_bad_backend_choice_is_one_line():
     proc = gradgate_build("--backend", "gpu")
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
-        "gradgate build: error: argument --backend: invalid choice: 'gpu' (choose from 'cpu', 'cuda', 'all')"]
+        "gradgate build: error: argument --backend: invalid choice: 'gpu' (choose from 'cpu', 'cuda', 'all') "
+        "(see gradgate build --help)"]
 
 
 @no_gpu

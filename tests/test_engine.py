@@ -4,11 +4,12 @@ diagnosis kinds, phases and power. Array-level checks of the same rules: test_me
 import numpy as np
 import pytest
 
-from pytest_gradgate.build import BuildOptions, ensure_build
-from pytest_gradgate.case import Case
-from pytest_gradgate.engine import GRAPH_SIZE, GraphBuilder, read_tensor, run_case, write_tensor
-from pytest_gradgate.isolation import Runner
-from pytest_gradgate.variants import copy_tree, replace_once
+from pytest_gradgate.build.cmake import BuildOptions, ensure_build
+from pytest_gradgate.declare.case import Case
+from pytest_gradgate.check.engine import GRAPH_SIZE, GraphBuilder, read_tensor, run_case, write_tensor
+from pytest_gradgate.isolation.parent import Runner
+from ggml_variants import replace_once
+from pytest_gradgate.build.source import copy_tree
 
 from test_metrics import mean_abs_asymm
 

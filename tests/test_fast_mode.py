@@ -8,9 +8,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from pytest_gradgate import directional
-from pytest_gradgate.case import Case
-from pytest_gradgate.engine import run_case
+from pytest_gradgate.check import directional
+from pytest_gradgate.declare.case import Case
+from pytest_gradgate.check.engine import run_case
 
 # a 1.5B model's KV cache (head_dim 128, 2 KV heads): 192 cached tokens + 64 new ones, consumed
 # as attention consumes V: permute(0,2,1,3) then cont(transpose(...))

@@ -15,8 +15,8 @@ import re
 import jsonschema
 import pytest
 
-from pytest_gradgate import outputs
-from pytest_gradgate.baseline import STALE_TEXT, Baseline, normalise_reason
+from pytest_gradgate.report import outputs
+from pytest_gradgate.gate.baseline import STALE_TEXT, Baseline, normalise_reason
 
 SQR_ID = "concat_dim1[permute_0213_transpose-sqr-cpu]"
 SUM_ID = "concat_dim1[permute_0213_transpose-sum-cpu]"

@@ -18,7 +18,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from pytest_gradgate.cache import cache_root
+from pytest_gradgate.build.cache import cache_root
 
 # ten cases: five deaths, each followed by a case that must still pass
 DEATHS_YAML = """\
@@ -218,7 +218,7 @@ def test_library_that_cannot_load_stops_the_run_with_one_message(pytester, defau
     result = pytester.runpytest(*gate_args(default_ggml, cases))
     assert result.ret != 0
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["gradgate: ggml ? (the library cannot be loaded, see below)*",
+    result.stdout.fnmatch_lines(["gradgate: ggml ? (the library cannot be loaded) from *",
                                  "*Interrupted: gradgate: stopped early: the library cannot be loaded; "
                                  f"the build looks broken (remove {entry} so that it is rebuilt)*"])
     assert result.stdout.str().count("cannot load") >= 1

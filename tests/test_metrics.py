@@ -4,7 +4,8 @@ diagnosis kinds and power. The same checks on real ggml gradients are in test_en
 import numpy as np
 import pytest
 
-from pytest_gradgate import metrics
+from pytest_gradgate.check import metrics
+from pytest_gradgate.check.outcome import Diagnosis
 
 LIMIT = 1e-4
 
@@ -54,8 +55,9 @@ def test_a_nan_never_passes(side):
     (a if side == "analytic" else n)[3] = np.nan
     m = metrics.compare(a, n, 0.0, LIMIT)
     assert not m["passed"] and m["maa"] == float("inf") and m["n_compared"] == 0
-    text = metrics.diagnose(a, n, 0.0, m, LIMIT)
+    kind, text = metrics.diagnose(a, n, 0.0, m, LIMIT)
     assert ("analytic gradient has 1 non-finite" in text) if side == "analytic" else ("not finite" in text)
+    assert kind == (Diagnosis.NONFINITE_BACKWARD if side == "analytic" else Diagnosis.NONFINITE_LOSS)
     assert m["first_nonfinite"] == [3, 0, 0, 0]
 
 
@@ -89,19 +91,21 @@ def test_noise_is_per_element_so_a_few_noisy_elements_cannot_hide_a_wrong_scale(
     assert metrics.compare(a, n, noise, LIMIT)["passed"]
 
 
-@pytest.mark.parametrize("make, expected", [
-    (lambda n: n[np.random.default_rng(3).permutation(n.size)], "right values at wrong positions"),
-    (lambda n: 2.0 * n, "wrong scale: analytic = 2 x numeric"),
-    (lambda n: -n, "wrong sign: analytic = -numeric"),
-    (lambda n: np.zeros_like(n), "analytic gradient is zero where the numeric one is not"),
-    (lambda n: n + np.random.default_rng(4).normal(0, 1, n.size), "values disagree"),
+@pytest.mark.parametrize("make, kind, expected", [
+    (lambda n: n[np.random.default_rng(3).permutation(n.size)], Diagnosis.WRONG_POSITIONS,
+     "right values at wrong positions"),
+    (lambda n: 2.0 * n, Diagnosis.WRONG_SCALE, "wrong scale: analytic = 2 x numeric"),
+    (lambda n: -n, Diagnosis.WRONG_SIGN, "wrong sign: analytic = -numeric"),
+    (lambda n: np.zeros_like(n), Diagnosis.DROPPED, "analytic gradient is zero where the numeric one is not"),
+    (lambda n: n + np.random.default_rng(4).normal(0, 1, n.size), Diagnosis.DISAGREE, "values disagree"),
 ])
-def test_diagnosis_kinds(make, expected):
+def test_diagnosis_kinds(make, kind, expected):
     n = gradient()
     a = make(n)
     m = metrics.compare(a, n, 1e-9, LIMIT)
     assert not m["passed"]
-    assert metrics.diagnose(a, n, 1e-9, m, LIMIT).startswith(expected)
+    got_kind, text = metrics.diagnose(a, n, 1e-9, m, LIMIT)
+    assert got_kind is kind and text.startswith(expected)
 
 
 def test_power_scrambled_gradient_must_fail():

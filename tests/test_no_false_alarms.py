@@ -13,8 +13,8 @@ test-backend-ops); at 200 (a loose model) the 1% wrong scale passes and the thir
 
 import numpy as np
 
-from pytest_gradgate import engine, metrics
-from pytest_gradgate.case import Case
+from pytest_gradgate.check import engine, metrics
+from pytest_gradgate.declare.case import Case
 
 SEEDS = range(20)
 

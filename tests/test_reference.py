@@ -16,7 +16,7 @@ import math
 
 import pytest
 
-from pytest_gradgate import reference
+import reference
 
 pytestmark = pytest.mark.slow
 
@@ -91,7 +91,7 @@ def test_vars_are_parsed_with_lists_and_flags():
 
 def test_bench_params_filter_runs_exactly_the_chosen_cases(tbo):
     """The bench times test-backend-ops on the cases we reproduce by passing them as a -p regex."""
-    from pytest_gradgate.bench import params_regex, run_tbo
+    from bench_reference import params_regex, run_tbo
     chosen = ["type=f32,ne=[10,5,4,3]", "type=f32,ne=[7,1,5,3]"]
     run, peak_kib = run_tbo(tbo, "SQR", params=params_regex(chosen))
     assert sorted(c.vars for c in run.cases) == sorted(chosen) and peak_kib > 0

@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 
-from pytest_gradgate import source
+from pytest_gradgate.build import source
 from pytest_gradgate.errors import SourceError
-from pytest_gradgate.source import resolve_source
+from pytest_gradgate.build.source import resolve_source
 
 
 def test_default_source_is_the_pinned_ggml(default_ggml):

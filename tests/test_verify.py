@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from pytest_gradgate import verify
+from pytest_gradgate.cli import main as cli_main
 
 pytestmark = pytest.mark.slow      # builds the concat variants (shared with test_gate.py)
 
@@ -64,7 +64,7 @@ def rows(out):
 
 def test_sqr_case_gates_the_concat_fix_and_the_sum_twin_does_not(ggml_variant, fix_patch, cases, capsys):
     fixed, _ = ggml_variant("concat-fixed")
-    code = verify.main(["--revert", str(fix_patch), "--ggml-src", str(fixed), "--cases", str(cases)])
+    code = cli_main(["verify", "--revert", str(fix_patch), "--ggml-src", str(fixed), "--cases", str(cases)])
     out = capsys.readouterr().out
     table = rows(out)
     assert code == 1, out
@@ -74,7 +74,7 @@ def test_sqr_case_gates_the_concat_fix_and_the_sum_twin_does_not(ggml_variant, f
     assert table[SUM_ID][2] == "NO"
     assert "1 of 2 selected cases do NOT gate" in out
 
-    code = verify.main(["--revert", str(fix_patch), "--ggml-src", str(fixed), "--cases", str(cases), "-k", "sqr and not sum"])
+    code = cli_main(["verify", "--revert", str(fix_patch), "--ggml-src", str(fixed), "--cases", str(cases), "-k", "sqr and not sum"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert set(rows(out)) == {SQR_ID} and "all 1 selected cases gate" in out
@@ -96,12 +96,12 @@ def test_a_git_commit_can_be_reverted(ggml_variant, cases, tmp_path, capsys):
     shutil.copy2(fixed / "src/ggml.c", repo / "src/ggml.c")
     git("commit", "-qam", "CONCAT backward: slice a contiguous copy of the gradient")
 
-    code = verify.main(["--revert", "HEAD", "--ggml-src", str(repo), "--cases", str(cases), "-k", "sqr and not sum"])
+    code = cli_main(["verify", "--revert", "HEAD", "--ggml-src", str(repo), "--cases", str(cases), "-k", "sqr and not sum"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert rows(out)[SQR_ID][2] == "yes" and "commit " in out
 
-    code = verify.main(["--revert", "no-such-ref", "--ggml-src", str(repo), "--cases", str(cases)])
+    code = cli_main(["verify", "--revert", "no-such-ref", "--ggml-src", str(repo), "--cases", str(cases)])
     assert code == 2
     assert "--revert no-such-ref: no such file, and no such commit in" in capsys.readouterr().err
 
@@ -109,7 +109,7 @@ def test_a_git_commit_can_be_reverted(ggml_variant, cases, tmp_path, capsys):
 def test_a_patch_that_does_not_apply_is_a_clear_error(ggml_variant, fix_patch, cases, capsys):
     """The buggy tree does not contain the fix, so the fix cannot be reverted from it."""
     buggy, _ = ggml_variant("concat-buggy")
-    code = verify.main(["--revert", str(fix_patch), "--ggml-src", str(buggy), "--cases", str(cases)])
+    code = cli_main(["verify", "--revert", str(fix_patch), "--ggml-src", str(buggy), "--cases", str(cases)])
     err = capsys.readouterr().err
     assert code == 2
     assert f"--revert patch {fix_patch}: the change does not apply in reverse to {buggy}" in err
@@ -118,6 +118,6 @@ def test_a_patch_that_does_not_apply_is_a_clear_error(ggml_variant, fix_patch, c
 
 def test_a_ref_outside_a_git_repository_is_a_clear_error(ggml_variant, cases, capsys):
     fixed, _ = ggml_variant("concat-fixed")
-    code = verify.main(["--revert", "HEAD", "--ggml-src", str(fixed), "--cases", str(cases)])
+    code = cli_main(["verify", "--revert", "HEAD", "--ggml-src", str(fixed), "--cases", str(cases)])
     assert code == 2
     assert "is not in a git repository" in capsys.readouterr().err

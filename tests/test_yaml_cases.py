@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 import pytest_gradgate
-from pytest_gradgate.cache import cache_root
-from pytest_gradgate.consumers import CONSUMERS
-from pytest_gradgate.loader import CASE_KEYS, load_file
-from pytest_gradgate.losses import LOSSES
+from pytest_gradgate.build.cache import cache_root
+from pytest_gradgate.ops.consumers import CONSUMERS
+from pytest_gradgate.declare.loader import CASE_KEYS, load_file
+from pytest_gradgate.ops.losses import LOSSES
 
 PACKAGE = Path(pytest_gradgate.__file__).parent
 USER_CACHE = cache_root()    # read before pytester moves HOME: the cache holding the default build
@@ -224,7 +224,7 @@ def test_builtin_case_for_an_op_without_backward_is_skipped_with_the_reason(pyte
 @pytest.fixture(scope="module")
 def validator():
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test extra: pip install -e '.[test]'")
-    schema = json.loads((PACKAGE / "cases.schema.json").read_text())
+    schema = json.loads((PACKAGE / "declare" / "cases.schema.json").read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)
 
@@ -245,7 +245,7 @@ def test_schema_rejects_bad_cases(validator):
 
 def test_schema_names_the_same_keys_consumers_and_losses_as_the_loader():
     """Editors complete from the schema: it must not drift from what the loader accepts."""
-    schema = json.loads((PACKAGE / "cases.schema.json").read_text())
+    schema = json.loads((PACKAGE / "declare" / "cases.schema.json").read_text())
     defs = schema["$defs"]
     assert set(defs["caseFields"]["properties"]) == set(CASE_KEYS)
     assert defs["consumer"]["enum"] == list(CONSUMERS)
@@ -267,3 +267,17 @@ def test_values_no_check_foresaw_are_errors_at_their_line_not_tracebacks(text, l
     assert [str(e) for e in errors] and str(errors[0]).startswith(f"f.yaml:{line}: ") and message in str(errors[0])
     if not text.startswith("defaults"):
         assert [c.name for c in loaded] == ["good"]
+
+
+def test_editors_find_the_schema_by_a_documented_line_and_an_id_that_resolves():
+    """The schema's $id is the raw URL of its own file in the repository (it used to point at
+    a GitHub page, and to a path that no longer exists); README and the built-in files carry
+    the yaml-language-server line that names it."""
+    repo = PACKAGE.parent
+    raw = "https://raw.githubusercontent.com/pytest-gradgate/pytest-gradgate/main/"
+    for rel in ("pytest_gradgate/declare/cases.schema.json", "pytest_gradgate/report/report.schema.json"):
+        assert json.loads((repo / rel).read_text())["$id"] == raw + rel
+    line = f"# yaml-language-server: $schema={raw}pytest_gradgate/declare/cases.schema.json"
+    assert line in (repo / "README.md").read_text()
+    for builtin in ("cases.yaml", "cases_fast.yaml"):
+        assert (PACKAGE / builtin).read_text().splitlines()[0] == line

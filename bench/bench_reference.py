@@ -1,0 +1,352 @@
+"""Benchmark against ggml's test-backend-ops, on the same ggml tree and the same cases.
+
+    python bench/bench_reference.py [--ops SQR,SUM,...] [--max-cases 6] [--repeat 3] [--jobs N]
+                                    [--ggml-src DIR] [--no-suite] [--cold]
+
+Per op: test-backend-ops' grad mode is run on CPU (one op per process: a whole run aborts at
+the first op without a backward), its cases that ran are translated into our Cases
+(reference.to_case: same op, shapes, init, eps, stencil, SUM loss, no consumer), and both
+sides run exactly those cases: test-backend-ops filtered with -p to them, we through the
+Runner with fork-per-case isolation in a child process (--jobs workers in parallel, as
+test-backend-ops uses every core for each graph). Reported: cases, wall, cases/s, the ratio
+(ours / theirs in cases/s, > 1 means we are faster) from the first repetition and the median
+of all; start-up times, isolation overhead per case, peak memory (wait4 of each side's
+process tree), build times, and our whole built-in suite (cases.yaml + cases_fast.yaml).
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import reference
+import pytest_gradgate
+from pytest_gradgate.build.cmake import BuildOptions, ensure_build
+from pytest_gradgate.declare.case import Case
+from pytest_gradgate.errors import GradgateError
+from pytest_gradgate.isolation.parent import Runner
+from pytest_gradgate.declare.loader import load_file
+from pytest_gradgate.build.source import resolve_source
+
+DEFAULT_OPS = ("SQR", "SQRT", "LOG", "SIN", "COS", "SUM", "MEAN", "SUM_ROWS", "REPEAT", "SCALE", "CONT", "DUP",
+               "ADD", "NEG", "SOFTPLUS", "EXPM1", "SILU", "SWIGLU", "GEGLU", "SOFT_MAX", "MUL_MAT")
+# narrows what the discovery run of an op executes (MUL_MAT alone has >1000 grad cases, minutes)
+DISCOVERY_FILTER = {"MUL_MAT": r"type_a=f32,type_b=f32,m=16,n=[0-9]+,k=256,bs=\[1,1\],nr=\[1,1\],per=\[0,1,2,3\]"}
+DISCOVERY_TIMEOUT_S = 60
+SUITE_FILES = [Path(pytest_gradgate.__file__).parent / n for n in ("cases.yaml", "cases_fast.yaml")]
+_REGEX_SPECIAL = re.compile(r"([\\^$.|?*+()\[\]{}])")
+
+
+def params_regex(vars_list):
+    """A -p filter (std::regex, ECMAScript) matching exactly these vars strings."""
+    return "^(" + "|".join(_REGEX_SPECIAL.sub(r"\\\1", v) for v in vars_list) + ")$"
+
+
+# -- test-backend-ops side --------------------------------------------------------------------
+def run_tbo(binary, op, params=None):
+    """(RefRun, peak RSS in KiB) of one test-backend-ops grad run, timed with its start-up."""
+    cmd = [str(binary), "grad", "-b", "CPU", "-o", op] + (["-p", params] if params else [])
+    env = dict(os.environ, GGML_NO_BACKTRACE="1")
+    env.pop(reference.REPORT_ENV, None)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        cases = reference.parse_grad_output(out.read().decode(errors="replace"))
+    return reference.RefRun(op, cases, proc.returncode, None, wall), usage.ru_maxrss
+
+
+# -- our side, in a child process (its own process tree, for peak memory) ---------------------
+def _run_ours_child(spec_path):
+    spec = json.loads(Path(spec_path).read_text())
+    cases = [Case.from_dict(c) for c in spec["cases"]]
+    jobs = max(1, min(spec["jobs"], len(cases) or 1))
+    runners = [Runner(spec["library"], isolate=spec["isolate"]) for _ in range(jobs)]
+    out = {"startup_s": 0.0, "wall_s": 0.0, "statuses": {}}
+    try:
+        started = time.perf_counter()
+        if cases:
+            runners[0].run(cases[0])          # start-up to the first case: worker start + one case
+        out["startup_s"] = time.perf_counter() - started
+        for r in runners[1:]:
+            r.run(cases[0])                   # warm the other workers too (not timed)
+        results = [None] * len(cases)
+
+        def work(k):
+            for i in range(k, len(cases), jobs):
+                results[i] = runners[k].run(cases[i]).status
+        started = time.perf_counter()
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(jobs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        out["wall_s"] = time.perf_counter() - started
+        for s in results:
+            out["statuses"][s] = out["statuses"].get(s, 0) + 1
+    finally:
+        for r in runners:
+            r.close()
+    print(json.dumps(out))
+    return 0
+
+
+def run_ours(cases, library, jobs, isolate="case"):
+    """(timings dict, peak RSS in KiB of the child's tree) for our Runner on these cases."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as spec:
+        json.dump({"cases": [c.to_dict() for c in cases], "library": str(library), "jobs": jobs,
+                   "isolate": isolate}, spec)
+    try:
+        with tempfile.TemporaryFile() as out:
+            proc = subprocess.Popen([sys.executable, "-m", "pytest_gradgate.bench", "--run-ours", spec.name],
+                                    stdout=out)
+            _, status, usage = os.wait4(proc.pid, 0)
+            out.seek(0)
+            text = out.read().decode(errors="replace")
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise RuntimeError(f"our bench child failed:\n{text[-2000:]}")
+        return json.loads(text.strip().splitlines()[-1]), usage.ru_maxrss
+    finally:
+        os.unlink(spec.name)
+
+
+# -- the pieces of the report -----------------------------------------------------------------
+def select_cases(binary, op, max_cases):
+    """The cases of `op` that test-backend-ops runs to a verdict and that we can reproduce."""
+    run = reference.run_grad(binary, op, params=DISCOVERY_FILTER.get(op), report_maa=False,
+                             timeout=DISCOVERY_TIMEOUT_S)
+    picked = [c for c in run.cases if c.status in ("ok", "fail") and reference.to_case(c) is not None]
+    return picked[:max_cases]
+
+
+def isolation_overhead(library, n=40):
+    """ms per case of isolate=case over running the engine in-process, on one small case."""
+    from pytest_gradgate.build import binding
+    from pytest_gradgate.check.engine import run_case
+    case = Case(name="iso", graph="mul(a, b)", params={"a": [4, 3], "b": [4, 3]})
+    lib = binding.load(library)
+    run_case(case, lib)
+    started = time.perf_counter()
+    for _ in range(n):
+        run_case(case, lib)
+    inproc = (time.perf_counter() - started) / n
+    runner = Runner(library, isolate="case")
+    try:
+        runner.run(case)
+        started = time.perf_counter()
+        for _ in range(n):
+            runner.run(case)
+        isolated = (time.perf_counter() - started) / n
+    finally:
+        runner.close()
+    return inproc * 1e3, isolated * 1e3
+
+
+def pytest_start_to_first_case(tmp):
+    """Seconds from starting `pytest --gradgate` (warm cache) to its end, with one case run."""
+    (Path(tmp) / "gradgate_one.yaml").write_text("cases:\n  - name: one\n    params: {a: [4, 3]}\n"
+                                                 "    graph: sqr(a)\n    consumers: [none]\n")
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--gradgate", "--gradgate-no-builtin", "-q",
+                           "-p", "no:cacheprovider", "gradgate_one.yaml"], cwd=tmp, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    wall = time.perf_counter() - started
+    return wall, proc.returncode
+
+
+def cold_build_seconds(root):
+    """A real cold build of ggml + shim into an empty cache (ccache as configured)."""
+    with tempfile.TemporaryDirectory(prefix="gradgate-bench-cache-") as cache:
+        env = dict(os.environ, GRADGATE_CACHE_DIR=cache)
+        started = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "build", "--ggml-src", str(root)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return time.perf_counter() - started, proc.returncode
+
+
+def fast_mode_figures(default_root, progress=print):
+    """Fast mode on one-million-element parameters: a correct op on the ggml under test, and the
+    story's CONCAT (KV cache of 4096 tokens) on the concat-fixed and concat-buggy variants."""
+    from pytest_gradgate.build.cache import cache_root
+    from ggml_variants import make_variant
+    million = Case(name="silu_1m", graph="silu(a)", params={"a": [1024, 1024]}, mode="fast")
+    kv = next(c for c in suite_cases() if c.name == "kv_cache_concat_1m")
+    runs = [("default", million, ensure_build(default_root, BuildOptions()).library)]
+    for name in ("concat-fixed", "concat-buggy"):
+        dest = cache_root() / "bench-variants" / name / "ggml"
+        if not (dest / "src" / "ggml.c").is_file():
+            make_variant(default_root, dest, name)
+        runs.append((name, kv, ensure_build(dest, BuildOptions(), progress=None).library))
+    for label, case, library in runs:
+        runner = Runner(library, isolate="case")
+        try:
+            started = time.perf_counter()
+            r = runner.run(case)
+            wall = time.perf_counter() - started
+        finally:
+            runner.close()
+        directions = sum(p.get("fast", {}).get("forward_passes", 0) * p.get("fast", {}).get("forward_ms", 0)
+                         for p in r.params) / 1e3
+        sizes = "+".join(str(Case(name="x", graph="", params={k: v}).n_param_elements()) for k, v in case.params.items())
+        progress(f"  {label:13s} {case.name:20s} {sizes:>15s} elements: {r.status:7s} MAA {r.maa:.3g} "
+                 f"in {r.duration:.2f} s (directions {directions:.2f} s; wall with worker start {wall:.2f} s)"
+                 + (f"\n{'':16s}{r.diagnosis}" if r.status == "failed" else ""))
+
+
+def suite_cases(backends=("cpu",)):
+    cases = []
+    for path in SUITE_FILES:
+        if path.is_file():
+            loaded, _ = load_file(path, backends, builtin=True)
+            cases += [c for entry in loaded for c in entry.cases]
+    return cases
+
+
+def fmt_rate(n, seconds):
+    return f"{n / seconds:8.1f}" if seconds > 0 else "     inf"
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--run-ours"]:
+        return _run_ours_child(argv[1])
+    parser = argparse.ArgumentParser(prog="bench/bench_reference.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", default=",".join(DEFAULT_OPS), help="ops, as test-backend-ops names them")
+    parser.add_argument("--max-cases", type=int, default=6, help="cases per op (default 6)")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions (default 3)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="our parallel workers (default: the cores; test-backend-ops uses them all)")
+    parser.add_argument("--ggml-src", help="ggml tree (default: as the plugin resolves it)")
+    parser.add_argument("--no-suite", action="store_true", help="skip timing our whole built-in suite")
+    parser.add_argument("--cold", action="store_true", help="also time a cold build into an empty cache")
+    parser.add_argument("--no-fast", action="store_true", help="skip the fast-mode figures (10^6 elements)")
+    args = parser.parse_args(argv)
+    try:
+        return _bench(args)
+    except GradgateError as exc:
+        print(f"bench_reference: {exc}", file=sys.stderr)
+        return 2
+
+
+def _bench(args):
+    source = resolve_source(args.ggml_src)
+    load = os.getloadavg()[0]
+    print(f"bench_reference: ggml {source.version} from {source.label}; {os.cpu_count()} cores, "
+          f"load average {load:.1f} (figures are noisy on a shared machine)")
+
+    # builds: warm = what every run pays; cold = what the first run paid (recorded) or --cold
+    started = time.perf_counter()
+    build = ensure_build(source.root, BuildOptions())
+    warm_build = time.perf_counter() - started
+    started = time.perf_counter()
+    ref = reference.ensure_reference(source.root, progress=lambda s: None)
+    warm_ref = time.perf_counter() - started
+    print(f"build ggml+shim: warm (cache hit) {warm_build:.2f} s; cold {build.info.get('build_seconds', '?')} s "
+          f"(recorded when built){'' if build.cached else ' (built now)'}")
+    print(f"build test-backend-ops: warm {warm_ref:.2f} s; cold {ref.build_seconds} s (recorded when built)")
+    if args.cold:
+        seconds, rc = cold_build_seconds(source.root)
+        print(f"build ggml+shim cold into an empty cache now: {seconds:.1f} s (exit {rc})")
+
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    selected = {}
+    for op in ops:
+        picked = select_cases(ref.binary, op, args.max_cases)
+        if picked:
+            selected[op] = picked
+    if not selected:
+        raise GradgateError(f"--ops {args.ops}: no comparable test-backend-ops grad case for these ops "
+                            "(names as test-backend-ops writes them, e.g. SQR,MUL_MAT)")
+    tbo_startup, _ = run_tbo(ref.binary, "SQR", params="^$")
+    print(f"test-backend-ops start-up (constructing its cases, no case run): {tbo_startup.wall_s:.2f} s")
+
+    rows = {op: [] for op in selected}
+    peaks = {"tbo": 0, "ours": 0}
+    startups = []
+    for rep in range(args.repeat):
+        for op, picked in selected.items():
+            tbo_run, tbo_peak = run_tbo(ref.binary, op, params=params_regex([c.vars for c in picked]))
+            ran = [c for c in tbo_run.cases if c.status in ("ok", "fail", "crashed")]
+            cases = [reference.to_case(c) for c in ran if reference.to_case(c) is not None]
+            ours, ours_peak = run_ours(cases, build.library, args.jobs)
+            peaks["tbo"], peaks["ours"] = max(peaks["tbo"], tbo_peak), max(peaks["ours"], ours_peak)
+            startups.append(ours["startup_s"])
+            rows[op].append({"tbo_n": len(ran), "tbo_s": tbo_run.wall_s, "ours_n": len(cases),
+                             "ours_s": ours["wall_s"], "statuses": ours["statuses"]})
+
+    print()
+    print(f"{'op':10s} {'cases':>5s} | {'tbo s':>7s} {'cases/s':>8s} | {'ours s':>7s} {'cases/s':>8s} | "
+          f"{'ratio':>6s} {'median':>6s}")
+    total = {"tbo_n": 0, "tbo_s": 0.0, "ours_n": 0, "ours_s": 0.0}
+    ratios_by_rep = [[] for _ in range(args.repeat)]
+    for op, reps in rows.items():
+        first = reps[0]
+        ratios = [_ratio(r) for r in reps]
+        for k, r in enumerate(reps):
+            ratios_by_rep[k].append(r)
+        print(f"{op:10s} {first['tbo_n']:5d} | {first['tbo_s']:7.2f} {fmt_rate(first['tbo_n'], first['tbo_s'])} | "
+              f"{first['ours_s']:7.2f} {fmt_rate(first['ours_n'], first['ours_s'])} | "
+              f"{ratios[0]:6.2f} {statistics.median(ratios):6.2f}")
+        for key in total:
+            total[key] += first[key]
+    overall = [_ratio(_sum_rows(rep)) for rep in ratios_by_rep if rep]
+    print(f"{'all':10s} {total['tbo_n']:5d} | {total['tbo_s']:7.2f} {fmt_rate(total['tbo_n'], total['tbo_s'])} | "
+          f"{total['ours_s']:7.2f} {fmt_rate(total['ours_n'], total['ours_s'])} | "
+          f"{overall[0]:6.2f} {statistics.median(overall):6.2f}")
+    print(f"(ratio = our cases/s over test-backend-ops' cases/s on the same cases, > 1: we are faster; "
+          f"test-backend-ops' wall includes its {tbo_startup.wall_s:.2f} s start-up per op, ours excludes our "
+          f"worker start; ours: isolate=case, {args.jobs} worker(s), 1 thread per case; "
+          f"test-backend-ops: {os.cpu_count()} threads per graph)")
+    tbo_per_case = total["tbo_s"] / max(total["tbo_n"], 1)
+    tbo_per_case_net = (total["tbo_s"] - tbo_startup.wall_s * len(rows)) / max(total["tbo_n"], 1)
+    print(f"per case: test-backend-ops {tbo_per_case * 1e3:.1f} ms ({tbo_per_case_net * 1e3:.1f} ms without its "
+          f"start-up), ours {total['ours_s'] / max(total['ours_n'], 1) * 1e3:.1f} ms")
+    print(f"peak memory (max RSS of the process tree): test-backend-ops {peaks['tbo'] / 1024:.0f} MiB, "
+          f"ours {peaks['ours'] / 1024:.0f} MiB (bench child + workers + forked cases)")
+    if startups:
+        print(f"our start-up to the first case (worker start + one case): median {statistics.median(startups):.2f} s")
+
+    inproc_ms, isolated_ms = isolation_overhead(build.library)
+    print(f"isolation overhead per case (isolate=case vs in-process, small case): "
+          f"{isolated_ms - inproc_ms:.1f} ms ({inproc_ms:.1f} ms in-process, {isolated_ms:.1f} ms isolated)")
+    with tempfile.TemporaryDirectory(prefix="gradgate-bench-start-") as tmp:
+        times = [pytest_start_to_first_case(tmp)[0] for _ in range(3)]
+    print(f"warm start, `pytest --gradgate` with one case, process start to exit: median {statistics.median(times):.2f} s "
+          f"(target < 2 s)")
+
+    if not args.no_fast:
+        print("fast mode, one million elements (target: < 2 s per parameter, and the CONCAT bug flagged):")
+        fast_mode_figures(source.root)
+
+    if not args.no_suite:
+        cases = suite_cases()
+        ours, peak = run_ours(cases, build.library, args.jobs)
+        n = len(cases)
+        print(f"our built-in suite: {n} cases in {ours['wall_s']:.1f} s with {args.jobs} worker(s) = "
+              f"{ours['wall_s'] / max(n, 1) * 1e3:.1f} ms per case (test-backend-ops above: "
+              f"{tbo_per_case * 1e3:.1f} ms per case); statuses {ours['statuses']}; peak {peak / 1024:.0f} MiB")
+    return 0
+
+
+def _ratio(r):
+    ours = r["ours_n"] / r["ours_s"] if r["ours_s"] > 0 else float("inf")
+    theirs = r["tbo_n"] / r["tbo_s"] if r["tbo_s"] > 0 else float("inf")
+    return ours / theirs if theirs > 0 else float("inf")
+
+
+def _sum_rows(rows):
+    return {k: sum(r[k] for r in rows) for k in ("tbo_n", "tbo_s", "ours_n", "ours_s")}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

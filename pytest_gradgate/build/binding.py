@@ -1,0 +1,45 @@
+"""The one module that owns cffi's `ffi` and the loaded native library.
+
+ABI mode (dlopen, no compiler at import time): the declarations are header-like files,
+build/cdefs/*.h for the ggml functions we call and build/native/gradgate.h for the
+shim. The shim reports an ABI revision, so a library built from another revision of
+gradgate.h is refused with a message instead of being called with wrong signatures.
+"""
+
+from pathlib import Path
+
+import cffi
+
+from pytest_gradgate.build.cmake import native_dir
+from pytest_gradgate.errors import GradgateError
+
+EXPECTED_ABI = 1
+_CDEF_FILES = ("ggml_types.h", "ggml_ops.h")
+
+ffi = cffi.FFI()
+for _name in _CDEF_FILES:
+    ffi.cdef((Path(__file__).parent / "cdefs" / _name).read_text())
+ffi.cdef((native_dir() / "gradgate.h").read_text())
+
+_loaded = {}
+
+
+def load(library_path):
+    """dlopen the library once per process and check its ABI revision."""
+    library_path = str(library_path)
+    lib = _loaded.get(library_path)
+    if lib is None:
+        try:
+            lib = ffi.dlopen(library_path)
+        except OSError as exc:
+            raise GradgateError(f"cannot load {library_path}: {exc}") from None
+        abi = lib.gg_abi_version()
+        if abi != EXPECTED_ABI:
+            raise GradgateError(f"{library_path} has shim ABI {abi}, this pytest-gradgate expects "
+                                f"{EXPECTED_ABI}; remove it so that it is rebuilt")
+        _loaded[library_path] = lib
+    return lib
+
+
+def ggml_version(lib):
+    return ffi.string(lib.gg_ggml_version()).decode()

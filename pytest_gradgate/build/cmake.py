@@ -1,0 +1,334 @@
+"""Build ggml plus our shim with CMake, once per distinct input, shared by every process.
+
+Cache key = content of the ggml tree (the parts that make the library) + native/ +
+build options + compiler identity. A hit returns the published entry without running
+CMake. A miss builds in a staging folder under an exclusive lock (so concurrent
+pytest-xdist workers wait for one build instead of racing) and publishes it atomically.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pytest_gradgate.build.cache import cache_root, make_entry
+from pytest_gradgate.build.options import BuildOptions
+from pytest_gradgate.errors import BuildError
+from pytest_gradgate.build.source import read_ggml_version
+
+LIBRARY_NAME = {"darwin": "libgradgate.dylib", "win32": "gradgate.dll"}.get(sys.platform, "libgradgate.so")
+BUILD_INFO = "build-info.json"
+# what of a ggml tree goes into the library; tests/, examples/, docs/ do not
+GGML_BUILD_INPUTS = ("CMakeLists.txt", "cmake", "include", "src", "ggml.pc.in")
+
+
+NATIVE_DIR = Path(__file__).resolve().parent / "native"   # package data: CMakeLists.txt, the shim
+NATIVE_FILES = ("CMakeLists.txt", "gradgate.h", "gradgate_shim.c")
+
+
+def native_dir():
+    """The shim's sources, shipped inside the package (a wheel has them too)."""
+    missing = [n for n in NATIVE_FILES if not (NATIVE_DIR / n).is_file()]
+    if missing:
+        raise BuildError(f"this installation of pytest-gradgate lacks {', '.join(missing)} in {NATIVE_DIR}; "
+                         "reinstall it (pip install --force-reinstall pytest-gradgate)")
+    return NATIVE_DIR
+
+
+@dataclass
+class Build:
+    """A published build: where the library is and what went into it."""
+    path: Path
+    key: str
+    info: dict = field(default_factory=dict)
+    cached: bool = True
+
+    @property
+    def library(self):
+        return self.path / LIBRARY_NAME
+
+
+def hash_tree(digest, root, names):
+    root = Path(root)
+    for name in names:
+        top = root / name
+        if top.is_file():
+            files = [top]
+        elif top.is_dir():
+            files = sorted(p for p in top.rglob("*") if p.is_file())
+        else:
+            continue
+        for path in files:
+            digest.update(str(path.relative_to(root)).encode() + b"\0")
+            digest.update(path.read_bytes())
+            digest.update(b"\0")
+
+
+def compiler_identity():
+    """First line of the C and C++ compilers' --version (CMake honours $CC/$CXX likewise)."""
+    ids = []
+    for var, default in (("CC", "cc"), ("CXX", "c++")):
+        exe = os.environ.get(var, default)
+        try:
+            out = subprocess.run([exe, "--version"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 text=True, timeout=30).stdout
+            ids.append(f"{exe}: {out.splitlines()[0] if out else '?'}")
+        except (OSError, subprocess.SubprocessError):
+            ids.append(f"{exe}: missing")
+    return "; ".join(ids)
+
+
+def gpu_visible():
+    """An NVIDIA GPU this process could use (its device node or the driver's tool)."""
+    return os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
+
+
+def _cuda_toolkit_root():
+    for var in ("CUDAToolkit_ROOT", "CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            return Path(os.environ[var])
+    nvcc = shutil.which("nvcc")
+    for candidate in ([Path(nvcc).resolve().parent.parent] if nvcc else []) + [Path("/usr/local/cuda")]:
+        if (candidate / "bin" / "nvcc").exists():
+            return candidate
+    return None
+
+
+def _toolkit_has(root, pattern):
+    if root is None:
+        return False
+    dirs = [root / "lib64", root / "lib", root / "lib64" / "stubs", *root.glob("targets/*/lib"),
+            *root.glob("targets/*/lib/stubs")]
+    return any(next(d.glob(pattern), None) for d in dirs if d.is_dir())
+
+
+def _wheel_cublas():
+    """cuBLAS from the nvidia-cublas wheel (pip install nvidia-cublas), or None."""
+    import importlib.util
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        for flavour in ("cu13", "cu12", "cublas"):
+            lib = Path(base) / flavour / "lib"
+            found = {n: next(lib.glob(f"lib{n}.so*"), None) for n in ("cublas", "cublasLt")}
+            if all(found.values()):
+                return found, Path(base) / flavour / "include"
+    return None
+
+
+def cuda_toolkit_args():
+    """Fill the gaps of a CUDA toolkit that has nvcc but not everything ggml-cuda links.
+
+    Developer machines without a GPU often carry nvcc and cudart only: cuBLAS may come from
+    the nvidia-cublas wheel instead, and without a driver there is no libcuda, which ggml
+    links only for its virtual-memory pool (GGML_CUDA_NO_VMM=ON drops that)."""
+    root = _cuda_toolkit_root()
+    args = []
+    if not _toolkit_has(root, "libcublas.so*"):
+        wheel = _wheel_cublas()
+        if wheel:
+            libs, include = wheel
+            args += [f"-DCUDA_cublas_LIBRARY={libs['cublas']}", f"-DCUDA_cublasLt_LIBRARY={libs['cublasLt']}",
+                     f"-DCMAKE_CUDA_FLAGS=-I{include}"]
+    if not _toolkit_has(root, "libcuda.so*") and not _system_has_libcuda():
+        args += ["-DGGML_CUDA_NO_VMM=ON"]
+    return args
+
+
+def _system_has_libcuda():
+    import ctypes.util
+    return ctypes.util.find_library("cuda") is not None
+
+
+def cache_key(ggml_root, options):
+    digest = hashlib.sha256()
+    hash_tree(digest, ggml_root, GGML_BUILD_INPUTS)
+    digest.update(b"--native--")
+    hash_tree(digest, native_dir(), NATIVE_FILES)
+    digest.update(json.dumps(asdict(options), sort_keys=True).encode())
+    digest.update(compiler_identity().encode())
+    if "cuda" in options.backends:
+        digest.update(json.dumps(cuda_toolkit_args()).encode())
+    return digest.hexdigest()[:24]
+
+
+def builds_dir():
+    return cache_root() / "builds"
+
+
+def find_build(ggml_root, options):
+    """The published build for these inputs, or None."""
+    key = cache_key(ggml_root, options)
+    entry = builds_dir() / key
+    return _load_entry(entry, key)
+
+
+def _load_entry(entry, key):
+    info_path = entry / BUILD_INFO
+    if not info_path.is_file() or not (entry / LIBRARY_NAME).is_file():
+        return None
+    return Build(entry, key, json.loads(info_path.read_text()), cached=True)
+
+
+def ensure_build(ggml_root, options=BuildOptions(), progress=None):
+    """Return the build for (ggml_root, options), building it if no valid entry exists."""
+    key = cache_key(ggml_root, options)
+    entry = builds_dir() / key
+
+    def produce(staging):
+        info = _run_cmake(ggml_root, options, staging, progress)
+        info["key"] = key
+        (staging / BUILD_INFO).write_text(json.dumps(info, indent=2))
+
+    built_now = make_entry(entry, lambda e: _load_entry(e, key) is not None, produce)
+    build = _load_entry(entry, key)
+    build.cached = not built_now
+    return build
+
+
+_NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
+_MAKE_PROGRESS = re.compile(r"^\[\s*(\d+)%\]")
+
+
+def run_logged(cmd, log, progress, label, env):
+    log.write(("$ " + " ".join(cmd) + "\n").encode())
+    log.flush()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    for raw in proc.stdout:
+        log.write(raw)
+        if progress:
+            line = raw.decode(errors="replace").rstrip()
+            m = _NINJA_PROGRESS.match(line)
+            if m:
+                progress(f"{label} [{m.group(1)}/{m.group(2)}]")
+            else:
+                m = _MAKE_PROGRESS.match(line)
+                if m:
+                    progress(f"{label} [{m.group(1)}%]")
+    return proc.wait()
+
+
+def _tail(path, n=25):
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def build_tool_args():
+    """Ninja and ccache when present: both only speed things up."""
+    args = []
+    if shutil.which("ninja"):
+        args += ["-G", "Ninja"]
+    if shutil.which("ccache"):
+        args += ["-DGGML_CCACHE=OFF", "-DCMAKE_C_COMPILER_LAUNCHER=ccache",
+                 "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"]
+    return args
+
+
+def configure(ggml_root, options, work, log, progress=None, env=None):
+    cmd = ["cmake", "-S", str(native_dir()), "-B", str(work), f"-DGRADGATE_GGML_DIR={ggml_root}"]
+    cmd += build_tool_args() + options.cmake_args()
+    if "cuda" in options.backends:
+        cmd += cuda_toolkit_args()
+    if progress:
+        progress("configuring ggml")
+    return run_logged(cmd, log, progress, "configuring ggml", env)
+
+
+def require_cmake():
+    if not shutil.which("cmake"):
+        raise BuildError("cmake was not found on PATH; install it (e.g. pip install cmake or apt-get install cmake)")
+
+
+def configure_only(ggml_root, options, work, progress=None):
+    """Run CMake's configure step alone into `work` (nothing is built or cached).
+
+    Returns the values CMake settled on for the options we pass (e.g. GGML_CUDA); a failure
+    raises BuildError whose first line says what CMake could not find."""
+    require_cmake()
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    log_path = work / "configure.log"
+    with open(log_path, "wb") as log:
+        rc = configure(ggml_root, options, work / "build", log, progress, dict(os.environ))
+    if rc != 0:
+        text = log_path.read_text(errors="replace")
+        raise BuildError(f"CMake configure of ggml at {ggml_root} failed: {cmake_error_summary(text)}",
+                         log_path=log_path, log_tail=_tail(log_path))
+    return read_cmake_cache(work / "build" / "CMakeCache.txt")
+
+
+def read_cmake_cache(path):
+    values = {}
+    for line in Path(path).read_text(errors="replace").splitlines():
+        m = re.match(r"^([A-Za-z_][\w-]*):(\w+)=(.*)$", line)
+        if m:
+            values[m.group(1)] = m.group(3)
+    return values
+
+
+_MISSING_TARGET = re.compile(r'Target "([^"]+)" links to:\s+(\S+)\s+but the target was not found')
+_WHAT_PROVIDES = {"CUDA::cublas": "cuBLAS (install it with the CUDA toolkit, or pip install nvidia-cublas)",
+                  "CUDA::cuda_driver": "the CUDA driver library libcuda",
+                  "CUDA::cudart": "the CUDA runtime"}
+
+
+def cmake_error_summary(log_text):
+    """One line saying why a CMake configure failed, from its log."""
+    m = _MISSING_TARGET.search(log_text)
+    if m:
+        target, missing = m.groups()
+        return (f"CMake did not find {missing}, which {target} links to: the CUDA toolkit here lacks "
+                f"{_WHAT_PROVIDES.get(missing, missing)}")
+    if re.search(r"No CMAKE_CUDA_COMPILER could be found|Failed to find nvcc|CUDA Toolkit not found", log_text):
+        return "CMake did not find the CUDA toolkit (nvcc); install it or put nvcc on PATH"
+    m = re.search(r"CMake Error[^\n]*\n((?:[ \t]+[^\n]*\n|\n)+)", log_text)
+    if m:
+        return " ".join(m.group(1).split())[:300]
+    return "see the log"
+
+
+def _run_cmake(ggml_root, options, staging, progress):
+    require_cmake()
+    work = staging / "work"
+    log_path = staging / "build.log"
+    started = time.time()
+    env = dict(os.environ)
+    jobs = str(os.cpu_count() or 2)
+    with open(log_path, "wb") as log:
+        if configure(ggml_root, options, work, log, progress, env) != 0:
+            raise failed_build("configure", log_path, ggml_root)
+        cmd = ["cmake", "--build", str(work), "--target", "gradgate", "--parallel", jobs]
+        if run_logged(cmd, log, progress, "building ggml", env) != 0:
+            raise failed_build("build", log_path, ggml_root)
+    built = next((p for p in work.rglob(LIBRARY_NAME) if p.is_file()), None)
+    if built is None:
+        raise failed_build("build (no library produced)", log_path, ggml_root)
+    shutil.copy2(built, staging / LIBRARY_NAME)
+    shutil.rmtree(work)  # objects stay in ccache; the entry keeps only what is loaded
+    return {
+        "ggml_root": str(ggml_root),
+        "ggml_version": read_ggml_version(ggml_root),
+        "options": asdict(options),
+        "compiler": compiler_identity(),
+        "build_seconds": round(time.time() - started, 1),
+        "built_by_pid": os.getpid(),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def failed_build(step, staging_log, ggml_root):
+    # keep the log outside the staging folder, which is removed on failure
+    kept = builds_dir() / "failed" / f"{int(time.time())}-{os.getpid()}.log"
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(staging_log, kept)
+    # a compiler's first error explains the rest, which the tail alone may not show
+    first = re.search(r"^\S.*?:\d+:\d+: (?:fatal )?error: .*$", kept.read_text(errors="replace"), re.M)
+    where = f": {first.group(0)}" if first else ""
+    return BuildError(f"CMake {step} of ggml at {ggml_root} failed{where}", log_path=kept, log_tail=_tail(kept))

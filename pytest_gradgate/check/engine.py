@@ -1,0 +1,261 @@
+"""The engine: one Case in, one Result out. Runs inside the isolated worker.
+
+Build the forward graph from the case, put the consumer and the loss behind it, expand
+the backward graph, compute analytic gradients on the case's backend, compute numeric
+gradients in the shim's C loop, compare. `phase` is called as each stage starts so the
+parent can say where a child died.
+"""
+
+import time
+
+import numpy as np
+
+from pytest_gradgate.build import binding
+from pytest_gradgate.check import directional, metrics
+from pytest_gradgate.ops.consumers import CONSUMERS
+from pytest_gradgate.declare.expr import main_op, parse_graph
+from pytest_gradgate.declare.graph import input_shape, walk
+from pytest_gradgate.ops.losses import LOSSES
+from pytest_gradgate.ops.table import ne4
+from pytest_gradgate.check.outcome import POSITIONAL_OR_UNTRUSTED, STRIDE_SUSPECTS, Diagnosis, Phase, Status
+from pytest_gradgate.check.result import Result
+
+GRAPH_SIZE = 4096
+
+
+class GraphBuilder:
+    """What op builders, consumers and losses get: the library, the context, helpers."""
+
+    def __init__(self, lib, case, n_tensors):
+        self.lib = lib
+        self.ffi = binding.ffi
+        self.case = case
+        self.ctx = lib.gg_ctx_new(n_tensors, GRAPH_SIZE)
+        if self.ctx == binding.ffi.NULL:
+            raise MemoryError("ggml_init failed")
+        self.rng = np.random.default_rng(case.seed)
+        self.values = []          # (tensor, numpy array) written after allocation
+
+    def layout(self, t):
+        ne = self.ffi.new("int64_t[4]")
+        nb = self.ffi.new("size_t[4]")
+        self.lib.gg_tensor_layout(t, ne, nb)
+        return list(ne), list(nb)
+
+    def is_contiguous(self, t):
+        ne, nb = self.layout(t)
+        expected = 4
+        for i in range(4):
+            if ne[i] > 1 and nb[i] != expected:
+                return False
+            expected *= ne[i]
+        return True
+
+    def contiguous(self, t):
+        return t if self.is_contiguous(t) else self.lib.ggml_cont(self.ctx, t)
+
+    def new_tensor(self, ne, is_i32=False, name=None):
+        ne = ne4(ne)
+        t = self.lib.gg_new_tensor(self.ctx, 1 if is_i32 else 0, 4, self.ffi.new("int64_t[4]", list(ne)))
+        if name:
+            self.lib.ggml_set_name(t, name.encode()[:63])
+        return t
+
+    def shape_tensor(self, shape):
+        return self.new_tensor(shape, name="__shape")
+
+    def constant(self, name, ne, init):
+        t = self.new_tensor(ne, name=name)
+        self.values.append((t, make_values(np.random.default_rng(self.case.seed + 7919), ne4(ne), init)))
+        return t
+
+
+def make_values(rng, ne, init):
+    """Values for a tensor of shape ne (logical order, i0 fastest) from an init spec."""
+    n = int(np.prod(ne))
+    if isinstance(init, dict) and "abs" in init:
+        lo, hi = init["abs"]
+        return (rng.uniform(lo, hi, n) * rng.choice([-1.0, 1.0], n)).astype(np.float32)
+    if init == "causal_mask":
+        i0 = np.arange(ne[0])[None, :]
+        i1 = np.arange(ne[1])[:, None]
+        rows = np.where(i0 > i1 + (ne[0] - ne[1]), -np.inf, 0.0)
+        return np.broadcast_to(rows, (ne[3] * ne[2], ne[1], ne[0])).astype(np.float32).ravel()
+    if init == "probs":
+        x = rng.uniform(0.1, 1.0, (n // ne[0], ne[0]))
+        return (x / x.sum(axis=1, keepdims=True)).astype(np.float32).ravel()
+    lo, hi = init
+    return rng.uniform(lo, hi, n).astype(np.float32)
+
+
+def read_tensor(g, t):
+    """A tensor's values through its strides (it may be a view), logical order, float64."""
+    ne, nb = g.layout(t)
+    nbytes = g.lib.gg_tensor_nbytes(t)
+    buf = np.empty(nbytes, dtype=np.uint8)
+    g.lib.gg_tensor_read(t, g.ffi.from_buffer(buf), 0, nbytes)
+    arr = np.ndarray(shape=(ne[3], ne[2], ne[1], ne[0]), dtype=np.float32, buffer=buf,
+                     strides=(nb[3], nb[2], nb[1], nb[0]))
+    return arr.astype(np.float64).ravel()
+
+
+def write_tensor(g, t, values):
+    data = np.ascontiguousarray(values)
+    g.lib.gg_tensor_write(t, g.ffi.from_buffer(data), 0, data.nbytes)
+
+
+def run_case(case, lib, phase=lambda name: None, n_threads=1):
+    started = time.perf_counter()
+    result = Result.for_case(case)
+    lines = parse_graph(case.graph)
+    result.op = main_op(lines)
+
+    phase(Phase.BUILD_FORWARD)
+    g = GraphBuilder(lib, case, n_tensors=64 + 32 * len(lines))
+    session = None
+    try:
+        leaves, params = {}, {}
+        for name, shape in case.params.items():
+            t = g.new_tensor(shape, name=name)
+            lib.ggml_set_param(t)
+            leaves[name] = params[name] = t
+            g.values.append((t, make_values(g.rng, ne4(shape), case.init.get(name, (-1.0, 1.0)))))
+        for name, spec in case.inputs.items():
+            is_i32 = spec.get("type", "f32") == "i32"
+            t = g.new_tensor(input_shape(spec), is_i32=is_i32, name=name)
+            leaves[name] = t
+            if "values" in spec:
+                g.values.append((t, np.asarray(spec["values"], dtype=np.int32 if is_i32 else np.float32)))
+            else:
+                g.values.append((t, make_values(g.rng, input_shape(spec), spec.get("init", (-1.0, 1.0)))))
+        y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p))
+        # an op whose output is a view (transpose, permute) would reach the loss's sqr kernel
+        # non-contiguous, which ggml's CPU unary kernels reject; the cont makes the gradient
+        # reach the op contiguous, which is what consumer `none` means
+        z = g.contiguous(CONSUMERS[case.consumer].build(g, y))
+        loss = LOSSES[case.loss].build(g, z)
+
+        phase(Phase.BUILD_BACKWARD)
+        gf = lib.gg_graph_forward(g.ctx, loss, GRAPH_SIZE)
+        gb = lib.gg_graph_backward(g.ctx, gf, GRAPH_SIZE)
+        grads = {name: lib.ggml_graph_get_grad(gb, t) for name, t in params.items()}
+
+        phase(Phase.COMPUTE)
+        err = g.ffi.new("char[256]")
+        session = lib.gg_session_new(case.backend.encode(), n_threads, err, 256)
+        if session == g.ffi.NULL:
+            return result.finish(Status.ERROR, Phase.COMPUTE, message=g.ffi.string(err).decode(), started=started)
+        unsupported = lib.gg_session_first_unsupported(session, g.ctx)
+        if unsupported != g.ffi.NULL:
+            name = g.ffi.string(lib.gg_tensor_op_name(unsupported)).decode()
+            return result.finish(Status.SKIPPED, Phase.COMPUTE, message=f"backend {case.backend} does not support {name} "
+                                 "(ggml_backend_supports_op)", started=started)
+        if not lib.gg_session_alloc(session, g.ctx):
+            return result.finish(Status.ERROR, Phase.COMPUTE, message="could not allocate the graph's tensors", started=started)
+        for t, values in g.values:
+            write_tensor(g, t, values)
+        lib.ggml_graph_reset(gb)
+        status = lib.gg_session_compute(session, gb)
+        if status != 0:
+            return result.finish(Status.ERROR, Phase.COMPUTE, message=f"backward compute failed (ggml_status {status})",
+                                 started=started)
+        loss_value = float(lib.gg_read_scalar(loss))
+        loss_scale = LOSSES[case.loss].scale(g, z, loss_value, lambda t: read_tensor(g, t))
+        analytic = {}
+        for name, t in params.items():
+            n = int(np.prod(ne4(case.params[name])))
+            analytic[name] = read_tensor(g, grads[name]) if grads[name] != g.ffi.NULL else np.zeros(n)
+
+        phase(Phase.NUMERIC)
+        checks = {}
+        for name, t in params.items():
+            checks[name] = _numeric(g, session, gf, t, loss, case, analytic[name], loss_scale)
+
+        phase(Phase.COMPARE)
+        _compare(result, case, checks)
+        result.loss_value = loss_value
+        return result.finish(result.status, Phase.DONE, started=started)
+    finally:
+        if session is not None and session != g.ffi.NULL:
+            lib.gg_session_free(session)
+        lib.gg_ctx_free(g.ctx)
+
+
+def _numeric(g, session, gf, t, loss, case, analytic, loss_scale):
+    """(analytic, numeric, noise) for one param, element-wise or along directions (fast mode)."""
+    lib, ffi = g.lib, g.ffi
+    n = analytic.size
+    h = float(case.eps)
+    precise = case.stencil == 4
+    if case.mode == "fast":
+        return directional.check(g, session, gf, t, loss, case, analytic, loss_scale)
+    g_h = np.empty(n)
+    g_half = np.empty(n) if precise else None
+    st = lib.gg_numeric_grad(session, gf, t, loss, h, ffi.from_buffer("double[]", g_h),
+                             ffi.from_buffer("double[]", g_half) if precise else ffi.NULL)
+    _check_status(st)
+    numeric = (4 * g_half - g_h) / 3 if precise else g_h
+    noise = metrics.numeric_noise(loss_scale, h, g_h, numeric if precise else None)
+    return {"analytic": analytic, "numeric": numeric, "noise": noise}
+
+
+def _check_status(st):
+    if st != 0:
+        raise RuntimeError(f"forward compute failed during finite differences (ggml_status {st})")
+
+
+def _compare(result, case, checks):
+    failed, blind = [], []
+    for name, c in checks.items():
+        ne = list(ne4(case.params[name]))
+        shape_ne = ne if case.mode == "full" else [len(c["numeric"]), 1, 1, 1]
+        m = metrics.compare(c["analytic"], c["numeric"], c["noise"], case.max_maa, shape_ne)
+        m["power"] = c["power"] if "power" in c else metrics.has_power(c["analytic"], c["numeric"], c["noise"],
+                                                                       case.max_maa)
+        m["name"] = name
+        m["shape"] = ne
+        m.update(c.get("report", {}))   # fast mode: how the directions were taken, the located elements
+        if not m["passed"]:
+            kind, m["diagnosis"] = c.get("diagnosis") or metrics.diagnose(c["analytic"], c["numeric"], c["noise"],
+                                                                          m, case.max_maa)
+            m["diagnosis_kind"] = str(kind)
+            failed.append(name)
+            if case.mode == "full":
+                m["analytic_values"] = [float(v) for v in c["analytic"]]
+                m["numeric_values"] = [float(v) for v in c["numeric"]]
+        if not m["power"]:
+            blind.append(name)
+        result.params.append(m)
+    result.power = len(blind) < len(checks)
+    result.blind_params = blind
+    worst = max(result.params, key=lambda m: m["maa"])
+    result.maa, result.cosine = worst["maa"], worst["cosine"]
+    result.limit = worst.get("limit", case.max_maa)
+    result.n_compared = sum(m.get("n_compared", 0) for m in result.params)
+    if not failed:
+        result.status = Status.PASSED
+        if not result.power:
+            result.kind = Diagnosis.BLIND
+            result.diagnosis = ("blind: a scrambled gradient would pass this case too "
+                                f"({case.loss} loss gives {'/'.join(blind)} a gradient that survives scrambling)")
+        return
+    result.status = Status.FAILED
+    first = next(m for m in result.params if not m["passed"])
+    kind, diagnosis = Diagnosis(first["diagnosis_kind"]), first["diagnosis"]
+    if case.mode == "full" and len(checks) > 1 and kind not in POSITIONAL_OR_UNTRUSTED:
+        # a backward that slices the gradient at wrong offsets scrambles values *across* params
+        a = np.concatenate([c["analytic"] for c in checks.values()])
+        n = np.concatenate([c["numeric"] for c in checks.values()])
+        noise = np.concatenate([np.broadcast_to(c["noise"], np.shape(c["numeric"])) for c in checks.values()])
+        combined = metrics.compare(a, n, noise, case.max_maa)
+        joint_kind, joint = metrics.diagnose(a, n, noise, combined, case.max_maa)
+        if joint_kind is Diagnosis.WRONG_POSITIONS:
+            kind, diagnosis = joint_kind, joint + " (across params " + ", ".join(checks) + ")"
+    if case.consumer != "none" and kind in STRIDE_SUSPECTS:
+        # the usual cause when only a non-contiguous consumer fails: the backward ignores grad's strides
+        diagnosis += (f"; the gradient reaches the op through consumer '{case.consumer}' (non-contiguous): "
+                      "if consumer 'none' passes, the backward reads the incoming gradient ignoring its strides")
+    result.kind = kind
+    result.diagnosis = f"{first['name']}: {diagnosis}"
+    result.message = (f"{case.id}: MAA {first['maa']:.3g} > limit {first.get('limit', case.max_maa):.3g} "
+                      f"for param {first['name']}; {diagnosis}")

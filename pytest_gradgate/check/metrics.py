@@ -1,0 +1,168 @@
+"""Comparing an analytic gradient with a numeric one, and saying what is wrong.
+
+MAA is test-backend-ops' metric: mean over elements of |a - n| / |a + n|. Unlike
+test-backend-ops we never let 0/0 or NaN pass: elements where both sides are zero within
+the numeric noise are left out *and counted*, non-finite values fail with a reason.
+
+No false alarms, on principle rather than per-case limits: each numeric element comes with
+a bound on its own error, and a case fails only when its MAA exceeds max_maa plus the MAA
+that this error could cause (`noise_maa`). The bound has two parts:
+
+- roundoff: every loss evaluation is an f32 sum, off by about one ulp of its magnitude
+  S = sum |loss terms| (the rounding of the result plus that of the terms that changed).
+  The 4-point stencil combines four evaluations with weights 8, 8, 1, 1 over 6h, so its
+  roundoff is at most 3 eps S / h; the 2-point one's is eps S / h. Measured on correct
+  smooth ops (sqr, exp, sin, silu, sqrt; 10 seeds), the observed error stays below 1.3 eps S / h.
+- truncation (Richardson): the 4-point value g4 = (4 g_half - g_h) / 3 removes the h^2 term
+  whose size is gap = |g4 - g_h|. Its own error is the next (h^4) term; assuming the series
+  shrinks geometrically that is about gap * (gap / |g4|), and never more than gap (a kink,
+  where the series says nothing). For smooth ops this bound is ~10x above the real error
+  (exp, sin: 0.075 gap^2/|g|), which is still far below the max_maa scale.
+
+An earlier model (roundoff x sqrt(number of loss terms), truncation = gap / 3) gave limits of
+1e-2..5e-2 on correct sqr/silu/div cases: a backward off by 5% in scale would have passed.
+"""
+
+import numpy as np
+
+from pytest_gradgate.check.outcome import Diagnosis
+
+F32_EPS = float(np.finfo(np.float32).eps)
+NOISE_FACTOR = 2.0      # margin over the error bound (longer op chains round more often)
+TINY = 1e-30
+
+
+def numeric_noise(loss_scale, h, g_h, g4=None):
+    """Per-element error bound of the numeric gradient g4 (or g_h when g4 is None).
+
+    loss_scale: sum of |terms| of the loss at the inputs (see losses.Loss.scale)."""
+    g_h = np.asarray(g_h, dtype=np.float64)
+    if g4 is None:
+        return np.full(g_h.shape, F32_EPS * max(abs(loss_scale), TINY) / h)
+    g4 = np.asarray(g4, dtype=np.float64)
+    roundoff = 3.0 * F32_EPS * max(abs(loss_scale), TINY) / h
+    gap = np.abs(g4 - g_h)
+    truncation = gap * np.minimum(1.0, gap / np.maximum(np.abs(g4), TINY))
+    return roundoff + truncation
+
+
+def _multi_index(flat, shape_ne):
+    """Logical element index -> ggml index (i0, i1, i2, i3)."""
+    idx, out = int(flat), []
+    for n in shape_ne:
+        out.append(idx % n)
+        idx //= n
+    return out
+
+
+def compare(analytic, numeric, noise, max_maa, shape_ne=None, n_worst=5):
+    """Metrics for one gradient (flat arrays in logical order, i0 fastest)."""
+    a = np.asarray(analytic, dtype=np.float64).ravel()
+    n = np.asarray(numeric, dtype=np.float64).ravel()
+    noise = np.broadcast_to(np.asarray(noise, dtype=np.float64), a.shape)
+    shape_ne = shape_ne or [a.size, 1, 1, 1]
+    out = {"n_elements": int(a.size), "excluded": {}}
+    bad_a, bad_n = ~np.isfinite(a), ~np.isfinite(n)
+    if bad_a.any() or bad_n.any():
+        out.update(maa=float("inf"), noise_maa=0.0, cosine=float("nan"), norm_ratio=float("nan"),
+                   max_abs_err=float("inf"), n_compared=0, passed=False,
+                   nonfinite_analytic=int(bad_a.sum()), nonfinite_numeric=int(bad_n.sum()),
+                   first_nonfinite=_multi_index(int(np.argmax(bad_a | bad_n)), shape_ne), worst=[])
+        return out
+    both_zero = (np.abs(a) <= noise) & (np.abs(n) <= noise)
+    if both_zero.any():
+        out["excluded"]["both zero within numeric noise"] = int(both_zero.sum())
+    keep = ~both_zero
+    ak, nk, noisek = a[keep], n[keep], noise[keep]
+    denom = np.maximum(np.abs(ak + nk), TINY)
+    asym = np.abs(ak - nk) / denom
+    maa = float(asym.mean()) if asym.size else 0.0
+    # the part of each element's asymmetry its own numeric error can explain; a case fails when
+    # what is left (maa - noise_maa) exceeds max_maa. Per element, so a few noisy elements
+    # (a kink, a tiny gradient) cannot hide a wrong scale on all the others.
+    noise_maa = float((np.minimum(np.abs(ak - nk), NOISE_FACTOR * noisek) / denom).mean()) if asym.size else 0.0
+    na, nn = float(np.linalg.norm(a)), float(np.linalg.norm(n))
+    cosine = float(a @ n / (na * nn)) if na > 0 and nn > 0 else (1.0 if na == nn else 0.0)
+    err = np.abs(a - n)
+    worst = np.argsort(-err, kind="stable")[:n_worst]
+    out.update(
+        maa=maa, noise_maa=noise_maa, limit=max_maa + noise_maa,
+        cosine=cosine, norm_ratio=(na / nn) if nn > 0 else (float("inf") if na > 0 else 1.0),
+        max_abs_err=float(err.max()) if err.size else 0.0, n_compared=int(keep.sum()),
+        passed=bool(maa <= max_maa + noise_maa),
+        worst=[{"index": _multi_index(i, shape_ne), "analytic": float(a[i]), "numeric": float(n[i])}
+               for i in worst if err[i] > 0],
+    )
+    return out
+
+
+def scramble(values, seed):
+    """The same values at other positions: what a backward reading the wrong strides yields."""
+    rng = np.random.default_rng(seed)
+    flat = np.asarray(values, dtype=np.float64).ravel()
+    return flat[rng.permutation(flat.size)]
+
+
+def has_power(analytic, numeric, noise, max_maa, seed=1234):
+    """True when a scrambled copy of the analytic gradient would fail the comparison.
+
+    Two scrambles (a random permutation and a reversal) must both fail: a case whose
+    incoming gradient is uniform (SUM loss on a linear op) fails neither."""
+    a = np.asarray(analytic, dtype=np.float64).ravel()
+    for scrambled in (scramble(a, seed), a[::-1]):
+        if compare(scrambled, numeric, noise, max_maa)["passed"]:
+            return False
+    return True
+
+
+FOUND_FRACTION = 0.9     # share of analytic values that must occur in the numeric gradient
+FOUND_RTOL = 1e-3        # how close a value must be to count as the same value
+
+
+def fraction_found(analytic, numeric, noise):
+    """Share of analytic values that equal (within noise + FOUND_RTOL) some numeric value, anywhere."""
+    a = np.asarray(analytic, dtype=np.float64).ravel()
+    pool = np.sort(np.asarray(numeric, dtype=np.float64).ravel())
+    if not a.size or not pool.size:
+        return 0.0
+    slack = 2 * float(np.median(noise))
+    pos = np.clip(np.searchsorted(pool, a), 1, pool.size - 1) if pool.size > 1 else np.zeros(a.size, dtype=int)
+    nearest = np.minimum(np.abs(pool[pos] - a), np.abs(pool[np.maximum(pos - 1, 0)] - a))
+    return float((nearest <= FOUND_RTOL * np.abs(a) + slack).mean())
+
+
+def diagnose(analytic, numeric, noise, metrics, max_maa):
+    """(Diagnosis kind, a sentence a person can act on) for a comparison that failed."""
+    if metrics.get("nonfinite_analytic") and metrics.get("nonfinite_numeric"):
+        return Diagnosis.NONFINITE_LOSS, (f"the loss itself is not finite at these inputs ({metrics['nonfinite_analytic']} analytic and "
+                f"{metrics['nonfinite_numeric']} numeric gradient values are NaN/Inf, first at "
+                f"{metrics['first_nonfinite']}): the forward is out of its domain; narrow the case's init range")
+    if metrics.get("nonfinite_analytic"):
+        return Diagnosis.NONFINITE_BACKWARD, (f"analytic gradient has {metrics['nonfinite_analytic']} non-finite values "
+                f"(first at {metrics['first_nonfinite']}) where the loss is finite: the backward produces NaN/Inf")
+    if metrics.get("nonfinite_numeric"):
+        return Diagnosis.NONFINITE_LOSS, (f"the loss is not finite near the inputs ({metrics['nonfinite_numeric']} numeric gradient values "
+                "are NaN/Inf): narrow the case's init range")
+    a = np.asarray(analytic, dtype=np.float64).ravel()
+    n = np.asarray(numeric, dtype=np.float64).ravel()
+    noise = np.broadcast_to(np.asarray(noise, dtype=np.float64), a.shape)
+    if np.all(np.abs(a) <= noise) and not np.all(np.abs(n) <= noise):
+        return Diagnosis.DROPPED, "analytic gradient is zero where the numeric one is not: the backward drops this gradient"
+    cos = metrics["cosine"]
+    sorted_metrics = compare(np.sort(a), np.sort(n), np.sort(noise), max_maa)
+    if sorted_metrics["maa"] <= max(10 * max_maa, sorted_metrics["limit"]) and abs(cos) < 0.999:
+        return Diagnosis.WRONG_POSITIONS, ("right values at wrong positions: the analytic gradient is a permutation of the numeric one "
+                f"(cosine {cos:.3f}); the backward reads the incoming gradient with the wrong strides or order")
+    found = fraction_found(a, n, noise)
+    if found >= FOUND_FRACTION and abs(cos) < 0.999:
+        # a slice taken with the wrong strides reads real gradient values from wrong places: some twice,
+        # some never, so it is not a permutation, but every value it returns exists in the true gradient
+        return Diagnosis.WRONG_POSITIONS, (f"right values at wrong positions: {found:.0%} of the analytic values occur in the numeric "
+                f"gradient, at other positions, some repeated or missing (cosine {cos:.3f}); the backward reads "
+                "the incoming gradient with the wrong strides or offsets")
+    if abs(cos) > 0.999:
+        k = float(a @ n / max(n @ n, TINY))
+        if abs(k + 1) < 0.01:
+            return Diagnosis.WRONG_SIGN, "wrong sign: analytic = -numeric"
+        return Diagnosis.WRONG_SCALE, f"wrong scale: analytic = {k:.4g} x numeric (cosine {cos:.4f})"
+    return Diagnosis.DISAGREE, f"values disagree (cosine {cos:.3f}, norm ratio {metrics['norm_ratio']:.3g})"

@@ -1,0 +1,64 @@
+"""The small vocabularies of a Result: how a case ended, where it stopped, and what kind of
+wrong the diagnosis found. Code branches on these, never on a message's wording.
+
+Each is a `str` enum, so a Result stays plain JSON (the value is the string) and a value read
+back from JSON compares equal to its member."""
+
+from enum import Enum
+
+
+class _Word(str, Enum):
+    def __str__(self):          # f-strings and reports show the value, on every Python
+        return self.value
+
+
+class Status(_Word):
+    PASSED = "passed"
+    FAILED = "failed"           # the comparison failed: wrong gradient
+    CRASHED = "crashed"         # the case's process died (abort, signal)
+    TIMEOUT = "timeout"
+    ERROR = "error"             # the harness could not run the case (worker start, allocation, ...)
+    SKIPPED = "skipped"
+
+
+# statuses that make a case red (and that a baseline may record as known)
+FAILING = frozenset({Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.ERROR})
+
+
+class Phase(_Word):
+    STARTUP = "startup"             # before the case reached ggml (worker start, fork)
+    LOAD_LIBRARY = "load-library"   # the worker dlopens the build
+    BUILD_FORWARD = "build-forward"
+    BUILD_BACKWARD = "build-backward"
+    COMPUTE = "compute"
+    NUMERIC = "numeric"
+    COMPARE = "compare"
+    DONE = "done"                   # got through compare
+
+
+class Diagnosis(_Word):
+    """What kind of wrong a failed (or suspicious) case shows; the text says the details."""
+    NONE = ""
+    WRONG_POSITIONS = "wrong-positions"   # right values at wrong positions: strides or order
+    WRONG_SCALE = "wrong-scale"
+    WRONG_SIGN = "wrong-sign"
+    DROPPED = "dropped"                   # analytic zero where the numeric one is not
+    DISAGREE = "disagree"                 # none of the above
+    NONFINITE_BACKWARD = "nonfinite-backward"
+    NONFINITE_LOSS = "nonfinite-loss"     # the forward is out of its domain: nothing to blame
+    SAMPLE_AGREES = "sample-agrees"       # fast mode: directions disagree, no sampled element does
+    BLIND = "blind"                       # passed, but a scrambled gradient would pass too
+    NO_BACKWARD = "no-backward"           # ggml has no backward for an op
+    GGML_ABORT = "ggml-abort"             # ggml aborted with a message
+    DIED = "died"                         # died without a ggml message
+    HUNG = "hung"
+    BROKEN_BUILD = "broken-build"         # the worker cannot load the library: no case can run
+    WORKER_START = "worker-start"         # the worker could not start
+
+
+# kinds that say the values are right and only their placement is wrong, or that the
+# comparison itself cannot be trusted: a joint look across params adds nothing to them
+POSITIONAL_OR_UNTRUSTED = frozenset({Diagnosis.WRONG_POSITIONS, Diagnosis.NONFINITE_BACKWARD,
+                                     Diagnosis.NONFINITE_LOSS})
+# kinds that, behind a non-contiguous consumer, point at a backward that ignores grad's strides
+STRIDE_SUSPECTS = frozenset({Diagnosis.DISAGREE, Diagnosis.WRONG_SCALE, Diagnosis.WRONG_SIGN})

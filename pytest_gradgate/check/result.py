@@ -1,0 +1,68 @@
+"""Result: plain data about how one case ended. Built in the worker, read by the reports."""
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
+
+
+@dataclass
+class Result:
+    case_id: str
+    name: str
+    consumer: str
+    loss: str
+    backend: str
+    op: str = ""
+    status: Status = Status.ERROR
+    phase: Phase = Phase.BUILD_FORWARD   # where it stopped; DONE when it got through compare
+    maa: float = None
+    max_maa: float = None
+    limit: float = None
+    cosine: float = None
+    n_compared: int = 0
+    power: bool = None
+    blind_params: list = field(default_factory=list)
+    kind: Diagnosis = Diagnosis.NONE    # what kind of wrong; `diagnosis` says it in words
+    diagnosis: str = ""
+    message: str = ""
+    params: list = field(default_factory=list)
+    loss_value: float = None
+    signal: str = None
+    stderr_tail: str = ""
+    duration: float = 0.0
+    mode: str = "full"
+    origin: dict = field(default_factory=dict)
+
+    @classmethod
+    def for_case(cls, case):
+        from pytest_gradgate.declare.expr import main_op, parse_graph
+        return cls(case.id, case.name, case.consumer, case.loss, case.backend, op=main_op(parse_graph(case.graph)),
+                   max_maa=case.max_maa, mode=case.mode, origin=dict(case.origin))
+
+    def finish(self, status, phase, message=None, started=None):
+        self.status = status
+        self.phase = phase
+        if message is not None:
+            self.message = message
+        if started is not None:
+            self.duration = time.perf_counter() - started
+        return self
+
+    @property
+    def no_backward(self):
+        """It crashed because the ggml under test has no backward for an op."""
+        return self.kind == Diagnosis.NO_BACKWARD
+
+    def to_dict(self):
+        """Plain data (str, not the enums): it crosses pipes, xdist's execnet and JSON."""
+        data = asdict(self)
+        for key in ("status", "phase", "kind"):
+            data[key] = str(data[key])
+        return data
+
+    @classmethod
+    def from_dict(cls, data):
+        result = cls(**data)
+        result.status, result.phase, result.kind = Status(result.status), Phase(result.phase), Diagnosis(result.kind)
+        return result

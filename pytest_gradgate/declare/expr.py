@@ -1,0 +1,115 @@
+"""Safe parsing of graph expressions: `concat(a, b, dim=1)`, `y = mul_mat(w, x)`.
+
+A whitelist over Python's ast: calls of plain names, names, numbers, strings, booleans,
+None, lists/tuples of those and unary minus on numbers. Nothing is ever evaluated.
+The parsed form is plain data (tuples) so it can be checked at collection time and
+built by the engine from the same text.
+"""
+
+import ast
+from dataclasses import dataclass
+
+from pytest_gradgate.errors import CaseError
+
+
+@dataclass(frozen=True)
+class Ref:
+    name: str
+
+
+@dataclass(frozen=True)
+class Call:
+    op: str
+    args: tuple = ()
+    kwargs: tuple = ()          # ((name, value), ...), order kept
+    col: int = 0
+
+
+
+@dataclass
+class Line:
+    target: str                 # the name the result is bound to ("out" for a bare expression)
+    expr: object                # Call, Ref or a constant
+    text: str
+    index: int = 0              # position in the graph list (for error lines)
+
+
+def _const(node, text):
+    if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (bool, int, float, str))):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        value = _const(node.operand, text)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return -value
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return tuple(_const(e, text) for e in node.elts)
+    raise CaseError(f"'{ast.get_source_segment(text, node) or type(node).__name__}' is not allowed in a graph "
+                    "expression (only op calls, names, numbers, strings, booleans and lists)")
+
+
+def _convert(node, text):
+    if isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name):
+            raise CaseError(f"'{ast.get_source_segment(text, node.func)}' is not an op name; call ops by their "
+                            "lowercase ggml name, e.g. mul_mat(a, b)")
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            raise CaseError("*args and **kwargs are not allowed in graph expressions")
+        return Call(node.func.id, tuple(_convert(a, text) for a in node.args),
+                    tuple((k.arg, _convert(k.value, text)) for k in node.keywords), node.col_offset)
+    if isinstance(node, ast.Name):
+        if node.id in ("True", "False", "None"):
+            return {"True": True, "False": False, "None": None}[node.id]
+        return Ref(node.id)
+    return _const(node, text)
+
+
+def parse_expression(text):
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise CaseError(f"graph expression '{text.strip()}' is not valid: {exc.msg}") from None
+    return _convert(tree.body, text.strip())
+
+
+def parse_graph(graph):
+    """A string (one expression, or several "name = expr" lines) or a list of lines -> [Line]."""
+    if isinstance(graph, str):
+        raw = [line for line in graph.splitlines() if line.strip() and not line.strip().startswith("#")]
+    elif isinstance(graph, (list, tuple)) and all(isinstance(x, str) for x in graph):
+        raw = list(graph)
+    else:
+        raise CaseError("'graph' must be an expression or a list of 'name = expression' lines")
+    if not raw:
+        raise CaseError("'graph' is empty")
+    lines = []
+    for i, text in enumerate(raw):
+        target, expr_text = "out", text
+        head, sep, tail = text.partition("=")
+        if sep and head.strip().isidentifier() and not tail.startswith("="):
+            target, expr_text = head.strip(), tail
+        elif i < len(raw) - 1:
+            raise CaseError(f"graph line {i + 1} '{text.strip()}' must be 'name = expression' "
+                            "(only the last line may be a bare expression)")
+        lines.append(Line(target, parse_expression(expr_text), text.strip(), i))
+    return lines
+
+
+def ops_used(lines):
+    found = []
+
+    def walk(node):
+        if isinstance(node, Call):
+            found.append(node.op)
+            for a in node.args:
+                walk(a)
+            for _, v in node.kwargs:
+                walk(v)
+    for line in lines:
+        walk(line.expr)
+    return found
+
+
+def main_op(lines):
+    """The op a case is about: the outermost call of its last line."""
+    expr = lines[-1].expr
+    return expr.op if isinstance(expr, Call) else "ref"

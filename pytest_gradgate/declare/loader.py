@@ -1,0 +1,278 @@
+"""YAML case files -> Cases, with every error pointing at its file and line.
+
+A file holds `cases:`, a list of mappings. Each mapping expands into one Case per
+(consumer, loss, backend). A bad case is reported with its file:line and what to do;
+the other cases of the file still load.
+"""
+
+import math
+import re
+from math import prod
+from pathlib import Path
+
+import yaml
+
+from pytest_gradgate.declare.case import DEFAULT_EPS, DEFAULT_MAX_MAA, DEFAULT_STENCIL, Case
+from pytest_gradgate.ops.consumers import CONSUMERS, DEFAULT_CONSUMERS, check_consumer
+from pytest_gradgate.errors import CaseError
+from pytest_gradgate.declare.expr import parse_graph
+from pytest_gradgate.declare.graph import infer_shapes
+from pytest_gradgate.ops.losses import LOSSES
+
+CASE_KEYS = {
+    "name": "the case's name (letters, digits, _ . -), unique in its file",
+    "description": "free text",
+    "params": "tensors that get gradients: name -> shape (1 to 4 sizes, ggml order ne0..ne3)",
+    "inputs": "constants: name -> {type: i32|f32, values: [...]} or {type: f32, shape: [...], init: ...}",
+    "init": "param value ranges: name -> [lo, hi] or {abs: [lo, hi]} (random signs)",
+    "graph": "an expression, or a list of 'name = expression' lines; the last line is the output",
+    "consumers": f"consumers to check through (default {list(DEFAULT_CONSUMERS)})",
+    "loss": "loss, or a list of losses: sqr (default), wsqr, sum",
+    "eps": f"finite-difference step (default {DEFAULT_EPS})",
+    "stencil": f"2 or 4 points (default {DEFAULT_STENCIL})",
+    "max_maa": f"MAA limit (default {DEFAULT_MAX_MAA})",
+    "seed": "seed of the random inputs (default 0)",
+    "backends": "backends to run on, among those the session builds (default: all of them)",
+    "mode": "full (every element, default) or fast (random directions, for large tensors)",
+    "directions": "fast mode: number of random directions (default 6)",
+    "timeout": "seconds before the case is killed (default: sized to the case)",
+}
+NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+BACKENDS = ("cpu", "cuda")
+INPUT_KEYS = {"type", "values", "shape", "init"}
+
+
+class LoadedCase:
+    """One YAML mapping after validation: its Cases and where it was declared."""
+
+    def __init__(self, name, path, line, cases):
+        self.name, self.path, self.line, self.cases = name, path, line, cases
+
+
+def _key_lines(node):
+    return {k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+
+
+def _graph_item_lines(node):
+    """YAML line of each item of a case's `graph:` list, so an error names its own line."""
+    for k, v in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.value == "graph" and isinstance(v, yaml.SequenceNode):
+            return [item.start_mark.line + 1 for item in v.value]
+    return []
+
+
+GRAPH_LINE_RE = re.compile(r"^graph line (\d+) ")
+
+
+def load_file(path, session_backends=("cpu",), builtin=False, text=None):
+    """-> (list of LoadedCase, list of CaseError). Never raises for bad content."""
+    path = Path(path)
+    try:
+        text = path.read_text() if text is None else text
+    except OSError as exc:
+        return [], [CaseError(f"cannot read case file: {exc.strerror}", path)]
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        return [], [CaseError(f"YAML syntax error: {problem}", path, mark.line + 1 if mark else None)]
+    if not isinstance(data, dict) or "cases" not in data:
+        return [], [CaseError("a case file must be a mapping with a 'cases:' list", path, 1)]
+    unknown_top = set(data) - {"cases", "defaults"}
+    if unknown_top:
+        return [], [CaseError(f"unknown top-level key(s) {sorted(unknown_top)}; expected 'cases' (and 'defaults')",
+                              path, 1)]
+    top_lines = _key_lines(root)
+    if not isinstance(data["cases"], list):
+        return [], [CaseError("'cases' must be a list of case mappings", path, top_lines.get("cases"))]
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        return [], [CaseError("'defaults' must be a mapping of case keys (e.g. eps: 0.1)", path,
+                              top_lines.get("defaults"))]
+    case_nodes = next(v for k, v in root.value if k.value == "cases").value
+    loaded, errors, seen = [], [], {}
+    for raw, node in zip(data["cases"], case_nodes):
+        line = node.start_mark.line + 1
+        try:
+            if not isinstance(raw, dict):
+                raise CaseError("each case must be a mapping (name:, params:, graph:, ...)", path, line)
+            merged = {**defaults, **raw}
+            key_lines = _key_lines(node) if isinstance(node, yaml.MappingNode) else {}
+            key_lines["graph lines"] = _graph_item_lines(node) if isinstance(node, yaml.MappingNode) else []
+            name = merged.get("name")
+            if not isinstance(name, str):
+                raise CaseError(f"'name' must be a string, got {name!r}", path, key_lines.get("name", line))
+            if name in seen:
+                raise CaseError(f"duplicate case name '{name}' (first declared on line {seen[name]})", path,
+                                key_lines.get("name", line))
+            cases = build_cases(merged, path, line, key_lines, session_backends, builtin)
+            seen[name] = line
+            loaded.append(LoadedCase(name, path, line, cases))
+        except CaseError as exc:
+            if exc.path is None:
+                exc.path, exc.line = path, line
+            errors.append(exc)
+        except (TypeError, ValueError, ArithmeticError) as exc:
+            # a value of a shape no check above foresaw: still one error at this case's line,
+            # never a traceback that loses the file's other cases
+            errors.append(CaseError(f"invalid case ({type(exc).__name__}: {exc}); see `gradgate ops` "
+                                    "and pytest_gradgate/declare/cases.schema.json for the format", path, line))
+    return loaded, errors
+
+
+def _number(value, key, where, positive=True):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and not value > 0):
+        raise CaseError(f"'{key}' must be a positive number, got {value!r}", *where)
+    if not math.isfinite(value):
+        raise CaseError(f"'{key}' must be a finite number, got {value!r}", *where)
+    return float(value)
+
+
+def _integer(value, key, where, minimum=0):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise CaseError(f"'{key}' must be an integer >= {minimum}, got {value!r}", *where)
+    return value
+
+
+def _is_range(value):
+    return (isinstance(value, list) and len(value) == 2 and
+            all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value) and value[0] < value[1])
+
+
+INIT_HELP = "[lo, hi] (uniform) or {abs: [lo, hi]} (uniform magnitude, random sign), lo < hi"
+INPUT_INITS = ("causal_mask", "probs")
+
+
+def _check_init(init, what, where, named=()):
+    ok = _is_range(init) or (isinstance(init, dict) and set(init) == {"abs"} and _is_range(init["abs"])
+                             and init["abs"][0] >= 0) or init in named
+    if not ok:
+        extra = f", or one of {', '.join(named)}" if named else ""
+        raise CaseError(f"{what}: init must be {INIT_HELP}{extra}; got {init!r}", *where)
+
+
+def _names(value, key, known, where, what):
+    """A name or a non-empty list of names, each among `known`."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise CaseError(f"'{key}' must be a name or a non-empty list of names among: {', '.join(known)}", *where)
+    for n in names:
+        if n not in known:
+            raise CaseError(f"unknown {what} '{n}'; known: {', '.join(known)}", *where)
+    return names
+
+
+def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), builtin=False):
+    """Validate one case mapping and expand it over consumers x losses x backends."""
+    key_lines = key_lines or {}
+
+    def at(key):
+        return (path, key_lines.get(key, line))
+
+    unknown = [k for k in raw if k not in CASE_KEYS]
+    if unknown:
+        raise CaseError(f"unknown key '{unknown[0]}'; a case may have: {', '.join(CASE_KEYS)}", *at(unknown[0]))
+    for required in ("name", "params", "graph"):
+        if required not in raw:
+            raise CaseError(f"missing key '{required}' ({CASE_KEYS[required]})", path, line)
+    name = raw["name"]
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise CaseError(f"name {name!r} must be letters, digits, _ . or -", *at("name"))
+    params = raw["params"]
+    if not isinstance(params, dict) or not params:
+        raise CaseError("'params' must map at least one name to a shape, e.g. a: [4, 3]", *at("params"))
+    for pname, shape in params.items():
+        if (not isinstance(shape, list) or not 1 <= len(shape) <= 4 or
+                not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in shape)):
+            raise CaseError(f"param '{pname}': shape must be a list of 1 to 4 positive integers (ne0 first), "
+                            f"got {shape!r}", *at("params"))
+    inputs = raw.get("inputs") or {}
+    if not isinstance(inputs, dict):
+        raise CaseError("'inputs' must map names to {type:, values:} or {type:, shape:, init:}", *at("inputs"))
+    for iname, spec in inputs.items():
+        if not isinstance(spec, dict) or set(spec) - INPUT_KEYS or ("values" not in spec and "shape" not in spec):
+            raise CaseError(f"input '{iname}' must be {{type: i32|f32, values: [...]}} or "
+                            "{type: f32, shape: [...], init: ...}", *at("inputs"))
+        kind = spec.get("type", "f32")
+        if kind not in ("i32", "f32"):
+            raise CaseError(f"input '{iname}': type must be i32 or f32, got {kind!r}", *at("inputs"))
+        shape = spec.get("shape")
+        if shape is not None and (not isinstance(shape, list) or not 1 <= len(shape) <= 4 or
+                                  not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in shape)):
+            raise CaseError(f"input '{iname}': shape must be a list of 1 to 4 positive integers, got {shape!r}",
+                            *at("inputs"))
+        if "values" in spec:
+            values = spec["values"]
+            number = int if kind == "i32" else (int, float)
+            if not isinstance(values, list) or not values or not all(
+                    isinstance(v, number) and not isinstance(v, bool) for v in values):
+                raise CaseError(f"input '{iname}': values must be a non-empty list of "
+                                f"{'integers' if kind == 'i32' else 'numbers'}", *at("inputs"))
+            if shape is not None and len(values) != prod(shape):
+                raise CaseError(f"input '{iname}': {len(values)} values do not fill shape {shape} "
+                                f"({prod(shape)} elements)", *at("inputs"))
+        elif kind == "i32":
+            raise CaseError(f"input '{iname}': an i32 input needs its values (row indices, positions)",
+                            *at("inputs"))
+        if "init" in spec:
+            _check_init(spec["init"], f"input '{iname}'", at("inputs"), INPUT_INITS)
+    clash = set(params) & set(inputs)
+    if clash:
+        raise CaseError(f"{sorted(clash)} declared both as params and inputs", *at("inputs"))
+
+    consumers = _names(raw.get("consumers", list(DEFAULT_CONSUMERS)), "consumers", list(CONSUMERS), at("consumers"), "consumer")
+    losses = _names(raw.get("loss", "sqr"), "loss", list(LOSSES), at("loss"), "loss")
+    eps = _number(raw.get("eps", DEFAULT_EPS), "eps", at("eps"))
+    max_maa = _number(raw.get("max_maa", DEFAULT_MAX_MAA), "max_maa", at("max_maa"))
+    if max_maa >= 1:
+        raise CaseError(f"'max_maa' {max_maa} would pass anything (MAA of unrelated gradients is about 1); "
+                        "use a value below 1, e.g. 1e-4", *at("max_maa"))
+    stencil = raw.get("stencil", DEFAULT_STENCIL)
+    if stencil not in (2, 4):
+        raise CaseError(f"'stencil' must be 2 or 4, got {stencil!r}", *at("stencil"))
+    mode = raw.get("mode", "full")
+    if mode not in ("full", "fast"):
+        raise CaseError(f"'mode' must be full or fast, got {mode!r}", *at("mode"))
+    wanted = raw.get("backends")
+    if wanted is not None:
+        wanted = _names(wanted, "backends", list(BACKENDS), at("backends"), "backend")
+    backends = [b for b in session_backends if wanted is None or b in wanted]
+    seed = _integer(raw.get("seed", 0), "seed", at("seed"))
+    directions = _integer(raw.get("directions", 6), "directions", at("directions"), minimum=1)
+    timeout = _number(raw["timeout"], "timeout", at("timeout")) if "timeout" in raw else 0.0
+    init = raw.get("init") or {}
+    if not isinstance(init, dict):
+        raise CaseError(f"'init' must map param names to {INIT_HELP}", *at("init"))
+    for pname, spec in init.items():
+        if pname not in params:
+            raise CaseError(f"init names '{pname}', which is not a param (params: {', '.join(params)})", *at("init"))
+        _check_init(spec, f"param '{pname}'", at("init"))
+
+    template = Case(name=name, graph=raw["graph"], params=params, inputs=inputs, init=init,
+                    eps=eps, stencil=stencil, max_maa=max_maa, seed=seed, mode=mode,
+                    directions=directions, timeout=timeout,
+                    builtin=builtin, origin={"path": str(path), "line": line})
+    try:
+        parse_graph(raw["graph"])
+        out_shape = infer_shapes(template)
+    except CaseError as exc:
+        # point at the offending line of a multi-line graph, else at `graph:`
+        where = at("graph")
+        found = GRAPH_LINE_RE.match(str(exc))
+        item_lines = key_lines.get("graph lines") or []
+        if found and isinstance(raw["graph"], list) and int(found.group(1)) <= len(item_lines):
+            where = (path, item_lines[int(found.group(1)) - 1])
+        raise CaseError(str(exc), *where) from None
+    for c in consumers:
+        why = check_consumer(c, out_shape)
+        if why:
+            raise CaseError(f"consumer '{c}' cannot read this output: {why}", *at("consumers"))
+    cases = []
+    for c in consumers:
+        for lo in losses:
+            for b in backends:
+                case = Case(**{**template.to_dict(), "consumer": c, "loss": lo, "backend": b})
+                cases.append(case)
+    return cases

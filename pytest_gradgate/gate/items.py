@@ -1,0 +1,146 @@
+"""The pytest nodes of the gate: a case file, one item per case, one item per declaration
+that could not be loaded, and how a Result becomes pytest's outcome (baseline included).
+
+Collection only reads YAML: the build starts in the setup of the first item that runs, so
+`--collect-only`, or a `-k` that selects nothing, never runs CMake.
+"""
+
+import dataclasses
+
+import pytest
+
+from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
+from pytest_gradgate.errors import GradgateError
+from pytest_gradgate.gate.state import state_of
+
+
+class GradgateFailure(Exception):
+    """A case that did not pass; repr_failure shows its Result, not a traceback."""
+
+    def __init__(self, result, text=None):
+        super().__init__(result.message)
+        self.result = result
+        self.text = text
+
+
+class CaseFile(pytest.File):
+    def collect(self):
+        from pytest_gradgate.declare.loader import load_file
+        from pytest_gradgate.gate.selection import is_builtin
+        state = state_of(self.config)
+        loaded, errors = load_file(self.path, state.backends, builtin=is_builtin(self.path))
+        mode = state.settings["mode"]   # --gradgate-mode overrides every case's own mode
+        for entry in loaded:
+            for case in entry.cases:
+                if mode and case.mode != mode:
+                    case = dataclasses.replace(case, mode=mode)
+                yield CaseItem.from_parent(self, name=f"{case.name}[{case.variant}]", case=case)
+        for err in errors:
+            yield InvalidCaseItem.from_parent(self, name=f"line{err.line or 0}[invalid]", error=err)
+
+
+class CaseItem(pytest.Item):
+    def __init__(self, *, case, **kwargs):
+        super().__init__(**kwargs)
+        self.case = case
+        self.add_marker("gradgate")
+
+    def setup(self):
+        # the build (and the default source's fetch) happen here, for the first item that runs
+        state = state_of(self.config)
+        try:
+            state.runner()
+        except GradgateError as exc:
+            self.session.shouldfail = "gradgate: the ggml build failed (see the first error above)"
+            pytest.fail(f"gradgate: {exc}", pytrace=False)
+
+    def runtest(self):
+        state = state_of(self.config)
+        result = state.runner().run(self.case)
+        self.gradgate_result = result
+        _track_start_failures(state, result, self.session)
+        _decide(self, result)
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, pytest.xfail.Exception):
+            return str(excinfo.value)   # a known failure: its reason says it all, no traceback to format
+        if isinstance(excinfo.value, GradgateFailure):
+            from pytest_gradgate.report.text import format_result
+            return excinfo.value.text or format_result(excinfo.value.result)
+        if isinstance(excinfo.value, GradgateError):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.path, self.case.origin.get("line", 1) - 1, self.case.id
+
+
+class InvalidCaseItem(pytest.Item):
+    """A case that could not be loaded: one error at its file:line; the others still run."""
+
+    def __init__(self, *, error, **kwargs):
+        super().__init__(**kwargs)
+        self.error = error
+
+    @property
+    def gradgate_invalid_error(self):
+        return self.error
+
+    def setup(self):
+        # an ERROR (like a collection error) whose text is the file:line message, no traceback:
+        # setup failures do not go through repr_failure
+        pytest.fail(f"invalid case: {self.error}", pytrace=False)
+
+    def runtest(self):
+        raise self.error
+
+    def repr_failure(self, excinfo):
+        return f"invalid case: {excinfo.value}"
+
+    def reportinfo(self):
+        return self.path, (self.error.line or 1) - 1, f"invalid case at line {self.error.line}"
+
+
+def _track_start_failures(state, result, session):
+    """The crash cap: cases that die before ggml is even reached point at the build, not at
+    the cases; stop with one message instead of N identical failures."""
+    if result.phase != Phase.STARTUP or result.status not in (Status.ERROR, Status.CRASHED):
+        state.start_failures_in_a_row = 0
+        return
+    state.start_failures_in_a_row += 1
+    broken = result.kind == Diagnosis.BROKEN_BUILD  # the library cannot load: no later case can run
+    if broken or state.start_failures_in_a_row >= state.settings["crash_cap"]:
+        why = ("the library cannot be loaded" if broken else
+               f"{state.start_failures_in_a_row} cases in a row died before reaching ggml (--gradgate-crash-cap)")
+        where = f" (remove {state.build.path} so that it is rebuilt)" if state.build is not None else ""
+        session.shouldstop = f"gradgate: stopped early: {why}; the build looks broken{where}: {result.message}"
+
+
+def _decide(item, result):
+    """Turn a Result into pytest's outcome; the baseline turns known failures into xfails."""
+    from pytest_gradgate.gate import baseline as baseline_file
+    if result.stderr_tail:
+        item.add_report_section("call", "ggml stderr", result.stderr_tail)
+    if result.status == Status.SKIPPED:
+        pytest.skip(result.message)
+    state = state_of(item.config)
+    baseline = state.baseline
+    known = baseline.get(item.case.id) if baseline is not None else None
+    if result.status == Status.PASSED:
+        if result.power is False:
+            item.warn(pytest.PytestWarning(f"gradgate: {item.case.id} is blind: {result.diagnosis}"))
+        if known and not state.update_baseline:
+            # like a strict xfail: a fixed case must leave the baseline, or it could regress unseen
+            item.gradgate_baseline = "stale"
+            item.gradgate_stale_text = baseline_file.stale_text(item.case.id, known, baseline.path)
+            raise GradgateFailure(result, text=item.gradgate_stale_text)
+        return
+    if item.case.builtin and result.no_backward:
+        pytest.skip(f"{result.diagnosis} ({result.message})")
+    if state.update_baseline:
+        item.gradgate_baseline = "known"
+        pytest.xfail(f"recorded in the new baseline {baseline.path}: {baseline_file.reason_of(result)}")
+    if known:
+        item.gradgate_baseline = "known"
+        pytest.xfail(baseline_file.xfail_reason(known, result))
+    raise GradgateFailure(result)

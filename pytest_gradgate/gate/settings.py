@@ -1,0 +1,128 @@
+"""Every setting of the plugin: one help text each, shared by the option and the ini key.
+
+Precedence: command line > environment (GRADGATE_*) > ini (gradgate_*) > default. Every
+validation error names where the bad value came from.
+"""
+
+import os
+from dataclasses import dataclass
+
+import pytest
+
+from pytest_gradgate.build.options import BUILD_TYPES
+from pytest_gradgate.isolation.protocol import ISOLATE_MODES
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str              # option --gradgate-NAME, ini gradgate_NAME, env GRADGATE_NAME
+    help: str
+    default: object = None
+    choices: tuple = None
+    kind: str = "string"   # string, int, float, size, bool, paths
+
+    @property
+    def option(self):
+        return "--gradgate-" + self.name.replace("_", "-")
+
+    @property
+    def dest(self):
+        return "gradgate_" + self.name
+
+    @property
+    def env(self):
+        return "GRADGATE_" + self.name.upper()
+
+
+SETTINGS = [
+    Setting("ggml_src", "ggml source under test: a ggml or llama.cpp checkout (default: the pinned ggml 0.15.3)"),
+    Setting("backend", "backend(s) to check on: cpu, cuda or all", "cpu", ("cpu", "cuda", "all")),
+    Setting("build_type", "CMake build type of ggml; Debug turns ggml's assert()s on", "Release", BUILD_TYPES),
+    Setting("cuda_arch", "CMAKE_CUDA_ARCHITECTURES for a CUDA build", "native"),
+    Setting("cases", "extra YAML case files (repeatable)", (), kind="paths"),
+    Setting("isolate", "case: fork a child per case (default); worker: run in a worker process; "
+            "none: in-process, for debuggers", "case", ISOLATE_MODES),
+    Setting("timeout", "per-case timeout in seconds (default: sized to the case)", 0.0, kind="float"),
+    Setting("max_memory", "cap on a case's memory, e.g. 2G or 512M (default: none)", 0, kind="size"),
+    Setting("backtrace", "let ggml print backtraces when a case aborts (slow; attaches gdb)", False, kind="bool"),
+    Setting("mode", "full: check every element; fast: random directions (large tensors)", None, ("full", "fast")),
+    Setting("crash_cap", "stop the run after this many cases in a row whose worker could not start", 3, kind="int"),
+    Setting("baseline", "baseline file of known failures (default: the shipped one for the default ggml)"),
+    Setting("json", "write a JSON report of every case to this path"),
+    Setting("html", "write a self-contained HTML report to this path (needs pytest-gradgate[report])"),
+]
+BY_NAME = {s.name: s for s in SETTINGS}
+# options whose value is a path: written with a space, pytest takes the value for a test path
+# when it picks its rootdir, before it knows our options (see gate/rootdir.py)
+PATH_OPTIONS = tuple(BY_NAME[n].option for n in ("ggml_src", "cases", "baseline", "json", "html"))
+
+
+def path_option_used(args):
+    """Is any path-valued option of ours written with its value as the next argument?"""
+    return any(a in PATH_OPTIONS for a in args[:-1])
+
+
+def add_options(parser):
+    group = parser.getgroup("gradgate", "gradgate: check ggml's backward pass")
+    group.addoption("--gradgate", action="store_true", default=False,
+                    help="run the gradient gate: the built-in cases and any case files")
+    group.addoption("--gradgate-no-builtin", action="store_true", default=False,
+                    help="do not collect the built-in suite")
+    group.addoption("--gradgate-update-baseline", action="store_true", default=False,
+                    help="write the baseline file from this run's failures")
+    for s in SETTINGS:
+        if s.kind == "bool":
+            group.addoption(s.option, action="store_true", default=None, dest=s.dest, help=s.help)
+        elif s.kind == "paths":
+            group.addoption(s.option, action="append", default=None, dest=s.dest, help=s.help, metavar="PATH")
+        else:
+            group.addoption(s.option, default=None, dest=s.dest, help=s.help)
+        parser.addini(s.dest, s.help, type="linelist" if s.kind == "paths" else "string")
+
+
+def parse_size(text):
+    text = str(text).strip().upper()
+    factor = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    number = text[:-1] if text[-1:] in "KMG" else text
+    value = int(float(number) * factor)
+    if value < 0:
+        raise ValueError
+    return value
+
+
+def _convert(s, value, where):
+    try:
+        if s.kind == "int":
+            value = int(value)
+        elif s.kind == "float":
+            value = float(value)
+            if not 0 <= value < float("inf"):  # also refuses nan
+                raise ValueError
+        elif s.kind == "size":
+            value = parse_size(value)
+        elif s.kind == "bool":
+            value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
+    except ValueError:
+        raise pytest.UsageError(f"{where}: '{value}' is not a valid value ({s.help})") from None
+    if s.choices and value not in s.choices:
+        raise pytest.UsageError(f"{where}: '{value}' is not one of {', '.join(s.choices)}")
+    return value
+
+
+def get(config, name):
+    """A setting's effective value and where it came from."""
+    s = BY_NAME[name]
+    value = config.getoption(s.dest)
+    if value not in (None, ()):
+        return _convert(s, value, s.option) if s.kind != "paths" else list(value)
+    if os.environ.get(s.env):
+        raw = os.environ[s.env]
+        return _convert(s, raw, f"environment {s.env}") if s.kind != "paths" else raw.split(os.pathsep)
+    ini = config.getini(s.dest)
+    if ini:
+        return _convert(s, ini, f"ini {s.dest}") if s.kind != "paths" else list(ini)
+    return s.default
+
+
+def effective(config):
+    return {s.name: get(config, s.name) for s in SETTINGS}

@@ -1,0 +1,136 @@
+"""Per-session state of the gate: its settings, the ggml source, the build (made when the
+first case is about to run, never at collection), the runner and the results seen so far.
+
+Cheap to create: nothing here imports numpy, cffi, yaml or the engine until a case runs.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from pytest_gradgate.errors import GradgateError
+from pytest_gradgate.gate import settings
+
+STATE = pytest.StashKey()
+
+
+def state_of(config):
+    return config.stash[STATE]
+
+
+class GateState:
+    def __init__(self, config):
+        self.config = config
+        self.case_files = set()
+        self.enabled = config.getoption("gradgate")
+        self.settings = settings.effective(config)
+        backend = self.settings["backend"]
+        self.backends = ("cpu", "cuda") if backend == "all" else (backend,)
+        self.source = None
+        self.build = None
+        self.build_error = None         # a GradgateError from the build: every later case reports it
+        self.build_facts = None         # what the reports say of the build (ours, or an xdist worker's)
+        self._runner = None
+        self.results = []
+        self.invalid_cases = []         # declarations that could not be loaded: path, line, message
+        self.start_failures_in_a_row = 0
+        self.baseline = None            # known failures (baseline.Baseline), see load_baseline
+        self.update_baseline = config.getoption("gradgate_update_baseline")
+
+    # -- source and build ----------------------------------------------------------------
+    def choose_source(self):
+        """The source the options name (a bad path is an error now); nothing is fetched."""
+        if self.source is None:
+            from pytest_gradgate.build.source import resolve_source
+            self.source = resolve_source(self.config.getoption("gradgate_ggml_src"),
+                                         self.config.getini("gradgate_ggml_src"))
+        return self.source
+
+    def build_options(self):
+        from pytest_gradgate.build.options import BuildOptions
+        return BuildOptions(build_type=self.settings["build_type"], backends=tuple(sorted(set(self.backends))),
+                            cuda_arch=self.settings["cuda_arch"])
+
+    def ensure_build(self):
+        """The build, made on first call; a failure is kept and raised again for every caller."""
+        if self.build_error is not None:
+            raise self.build_error
+        if self.build is None:
+            from pytest_gradgate.build.cmake import ensure_build
+            try:
+                source = self.choose_source()
+                self.build = ensure_build(source.root, self.build_options(), progress=self._progress())
+            except GradgateError as exc:
+                self.build_error = exc
+                raise
+        return self.build
+
+    def runner(self):
+        if self._runner is None:
+            from pytest_gradgate.isolation.parent import Runner
+            build = self.ensure_build()
+            self._runner = Runner(build.library, isolate=self.settings["isolate"],
+                                  max_memory=self.settings["max_memory"], backtrace=self.settings["backtrace"],
+                                  timeout=self.settings["timeout"] or None)
+            self.build_facts = self._facts(build, self._runner.ggml_version())
+        return self._runner
+
+    def _facts(self, build, version):
+        """What the reports say of the build: plain data, so it rides on reports under xdist."""
+        info = build.info
+        return {"label": self.source.label, "origin": self.source.origin, "root": str(self.source.root),
+                "version": version, "library": str(build.library), "cached": build.cached,
+                "build_seconds": info.get("build_seconds"), "options": info.get("options"),
+                "compiler": info.get("compiler"), "built_version": info.get("ggml_version")}
+
+    def _progress(self):
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is None:
+            return None
+        # the build runs in the first item's setup, where pytest captures output
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        last = {"text": None, "label": None, "quarter": -1}
+
+        def show(text):
+            if capture is None:
+                return write(text)
+            with capture.global_and_fixture_disabled():
+                write(text)
+
+        def write(text):
+            if text == last["text"]:
+                return
+            last["text"] = text
+            if tr.isatty:  # one updating line
+                tr.rewrite(f"gradgate: {text}", erase=True)
+                return
+            # a log (CI): each step's first line, then one line per quarter of the build
+            label, _, counter = text.partition(" [")
+            done, _, total = counter.rstrip("]%").partition("/")
+            quarter = int(done) * 4 // int(total) if done.isdigit() and total.isdigit() and int(total) else -1
+            if label != last["label"] or quarter > last["quarter"]:
+                tr.write_line(f"gradgate: {text}")
+            last["label"], last["quarter"] = label, max(quarter, last["quarter"] if label == last["label"] else -1)
+        return show
+
+    # -- baseline ------------------------------------------------------------------------
+    def load_baseline(self):
+        """The baseline given, else the shipped one when the source is the pinned default."""
+        from pytest_gradgate.gate import baseline as baseline_file
+        path = self.settings["baseline"]
+        if path is None and self.choose_source().origin == "default":
+            path = baseline_file.DEFAULT_BASELINE
+        if self.update_baseline and path is None:
+            raise GradgateError("--gradgate-update-baseline: name the file to write with --gradgate-baseline FILE "
+                                "(or ini gradgate_baseline / env GRADGATE_BASELINE)")
+        if path is None:
+            return None
+        if self.update_baseline and not Path(path).exists():
+            self.baseline = baseline_file.Baseline(path)
+        else:
+            self.baseline = baseline_file.Baseline.load(path)
+        return self.baseline
+
+    def close(self):
+        if self._runner:
+            self._runner.close()

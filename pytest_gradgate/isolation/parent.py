@@ -1,0 +1,305 @@
+"""The parent side of isolation: send cases to a worker, turn any death into a Result.
+
+A crash, a timeout, a worker that will not start: each becomes an ordinary Result with
+status crashed/timeout/error, the phase, the signal and ggml's message, so pytest reports
+it like any failure. Dead workers are replaced. A run whose workers keep dying before any
+case gets going (the library cannot load, say) is stopped by the caller (gate/items.py, the
+crash cap); a library that cannot load at all is marked Diagnosis.BROKEN_BUILD so it stops at once.
+"""
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
+from pytest_gradgate.check.result import Result
+from pytest_gradgate.isolation import protocol
+from pytest_gradgate.isolation.crash import Crash, explain, ggml_message, stderr_excerpt
+
+BROKEN_BUILD_TEXT = "broken build: the worker cannot load the library, so no case can run"
+# seconds the parent waits beyond a case's timeout for the worker to report it (isolate=case:
+# the worker kills the child itself and then answers)
+REPLY_GRACE = 10.0
+START_TIMEOUT = 120.0
+
+
+class WorkerGone(Exception):
+    """The worker was dead before it got the request: nothing of the case ran yet."""
+
+
+class WorkerStartError(Exception):
+    def __init__(self, reason, broken_build=False, stderr=""):
+        super().__init__(reason)
+        self.broken_build = broken_build
+        self.stderr = stderr
+
+
+def default_timeout(case):
+    """Seconds a case may take: generous for its size, so only a hang hits it."""
+    if case.timeout:
+        return case.timeout
+    if case.mode == "fast":
+        return 120.0
+    forwards = case.n_param_elements() * (4 if case.stencil == 4 else 2)
+    return 30.0 + forwards * 0.005
+
+
+def format_size(n):
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+class Worker:
+    """One worker process (library loaded once) and its stderr file."""
+
+    def __init__(self, library, backtrace=False):
+        self.stderr_file = tempfile.NamedTemporaryFile(prefix="gradgate-worker-", suffix=".log", delete=False)
+        env = dict(os.environ)
+        if backtrace:
+            env.pop("GGML_NO_BACKTRACE", None)
+        else:
+            env["GGML_NO_BACKTRACE"] = "1"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest_gradgate.isolation.worker", str(library)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr_file,
+            env=env, bufsize=0)
+        self._buffer = b""
+        self._stderr_start = 0
+        phase, event, fields = Phase.STARTUP, None, {}
+        try:
+            while True:
+                message = self._read_message(timeout=START_TIMEOUT)
+                if message is None:
+                    break
+                event, fields = message
+                if event != protocol.PHASE:
+                    break
+                phase = fields["name"]
+        except TimeoutError:
+            event, fields = protocol.FATAL, {"reason": f"the worker did not report ready within {START_TIMEOUT:.0f} s"}
+        if event != protocol.READY:
+            if event == protocol.FATAL:
+                reason, broken = fields["reason"], True
+            else:
+                code = self.proc.wait()
+                how = signal.Signals(-code).name if code < 0 else f"exit code {code}"
+                died = f"the worker died ({how}) while in phase {phase}"
+                broken = phase == Phase.LOAD_LIBRARY
+                reason = f"{died}: cannot load {library}" if broken else \
+                    f"{died}: {self.stderr_tail().strip() or 'no output'}"
+            stderr = self.stderr_tail()
+            self.close()
+            raise WorkerStartError(reason, broken_build=broken, stderr=stderr)
+        self.ggml_version = fields["ggml_version"]
+        self.baseline_rss = fields.get("rss", 0)
+
+    def stderr_tail(self):
+        """The worker's stderr since the current request began (earlier cases left out)."""
+        try:
+            return stderr_excerpt(self.stderr_file.fileno(), self._stderr_start)
+        except OSError:
+            return ""
+
+    def _read_message(self, timeout):
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return protocol.decode(line)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def request(self, message, deadline_s):
+        """Send one case; returns ((event, fields) or None if the worker died or hung, last phase, timed_out)."""
+        self._stderr_start = os.fstat(self.stderr_file.fileno()).st_size
+        try:
+            self.proc.stdin.write(message)
+            self.proc.stdin.flush()
+        except OSError:  # it died after its last case (killed from outside, say)
+            raise WorkerGone from None
+        phase = Phase.STARTUP
+        deadline = time.monotonic() + deadline_s
+        while True:
+            try:
+                reply = self._read_message(max(0.05, deadline - time.monotonic()))
+            except TimeoutError:
+                return None, phase, True
+            if reply is None:
+                return None, phase, False
+            if reply[0] == protocol.PHASE:
+                phase = reply[1]["name"]
+                continue
+            return reply, phase, False
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        self.stderr_file.close()
+        try:
+            os.unlink(self.stderr_file.name)
+        except OSError:
+            pass
+
+
+class Runner:
+    """Runs cases with the chosen isolation; holds at most one worker per process."""
+
+    def __init__(self, library, isolate="case", max_memory=0, backtrace=False, timeout=None):
+        self.library = str(library)
+        self.isolate = isolate
+        self.max_memory = max_memory
+        self.backtrace = backtrace
+        self.timeout = timeout
+        self.worker = None
+        self.lib = None
+        self.workers_started = 0
+
+    def close(self):
+        if self.worker:
+            self.worker.close()
+            self.worker = None
+
+    def ggml_version(self):
+        """ggml's version as the library reports it, or None if it cannot be loaded.
+
+        Asked of the worker (started now; the cases reuse it), never loaded into this
+        process, unless isolate=none: a library that cannot load can kill the process."""
+        if self.isolate == "none":
+            from pytest_gradgate.build import binding
+            from pytest_gradgate.errors import GradgateError
+            try:
+                self.lib = self.lib or binding.load(self.library)
+            except GradgateError:
+                return None   # each case reports it
+            return binding.ggml_version(self.lib)
+        try:
+            return self._ensure_worker().ggml_version
+        except WorkerStartError:
+            return None   # each case reports it (and the crash cap stops the run)
+
+    def _ensure_worker(self):
+        if self.worker is None or not self.worker.alive():
+            if self.worker:
+                self.worker.close()
+            self.worker = None
+            self.worker = Worker(self.library, backtrace=self.backtrace)
+            self.workers_started += 1
+        return self.worker
+
+    def run(self, case):
+        timeout = self.timeout or default_timeout(case)
+        started = time.perf_counter()
+        if self.isolate == "none":
+            from pytest_gradgate.build import binding
+            from pytest_gradgate.check.engine import run_case
+            self.lib = self.lib or binding.load(self.library)
+            return run_case(case, self.lib)
+        # a CUDA context must never exist in a process that forks: run such cases in the worker itself
+        isolate = "worker" if case.backend != "cpu" or not hasattr(os, "fork") else self.isolate
+        message = protocol.encode(protocol.CASE, case=case.to_dict(), isolate=isolate, timeout=timeout,
+                                  max_memory=self.max_memory, backtrace=self.backtrace)
+        # isolate=case: the worker enforces the timeout on its child and answers; allow it
+        # a grace period. isolate=worker: the parent is the only one watching the clock.
+        deadline_s = timeout + (REPLY_GRACE if isolate == "case" else 0)
+        for attempt in (1, 2):
+            try:
+                worker = self._ensure_worker()
+            except WorkerStartError as exc:
+                result = Result.for_case(case)
+                result.stderr_tail = exc.stderr
+                if exc.broken_build:
+                    result.kind, result.diagnosis = Diagnosis.BROKEN_BUILD, BROKEN_BUILD_TEXT
+                else:
+                    result.kind, result.diagnosis = Diagnosis.WORKER_START, "the worker process could not start"
+                return result.finish(Status.ERROR, Phase.STARTUP, message=f"the worker could not start: {exc}",
+                                     started=started)
+            try:
+                reply, phase, timed_out = worker.request(message, deadline_s)
+                break
+            except WorkerGone:
+                worker.close()
+                self.worker = None
+                if attempt == 2:
+                    result = Result.for_case(case)
+                    return result.finish(Status.ERROR, Phase.STARTUP, started=started,
+                                         message="two fresh workers in a row died before they got the case")
+        if reply is None:  # the worker itself died or hung (isolate=worker, or a bug of ours)
+            reply = self._reply_from_dead_worker(worker, phase, timed_out)
+            worker.close()
+            self.worker = None
+        return self._to_result(case, reply, timeout, started)
+
+    @staticmethod
+    def _reply_from_dead_worker(worker, phase, timed_out):
+        if timed_out:
+            worker.proc.kill()
+            worker.proc.wait()
+            return protocol.TIMEOUT, {"phase": phase, "stderr": worker.stderr_tail()}
+        try:  # reap it ourselves for its peak memory
+            _, status, usage = os.wait4(worker.proc.pid, 0)
+            worker.proc.returncode = os.waitstatus_to_exitcode(status)
+        except (ChildProcessError, AttributeError):  # already reaped; no wait4 (Windows)
+            code = worker.proc.wait()
+            status, usage = _status_of(code), None
+        crash = Crash.from_wait(phase, worker.stderr_tail(), status, usage, worker.baseline_rss)
+        return protocol.CRASH, crash.to_dict()
+
+    def _to_result(self, case, reply, timeout, started):
+        event, fields = reply
+        if event == protocol.RESULT:
+            return Result.from_dict(fields["result"])
+        result = Result.for_case(case)
+        if event == protocol.TIMEOUT:
+            phase = Phase(fields["phase"])
+            result.stderr_tail = fields.get("stderr", "")
+            result.kind, result.diagnosis = Diagnosis.HUNG, f"hung in phase {phase}"
+            return result.finish(Status.TIMEOUT, phase, started=started,
+                                 message=f"timed out after {timeout:g} s in phase {phase} "
+                                         "(raise --gradgate-timeout if the case is just slow)")
+        if event != protocol.CRASH:
+            raise protocol.ProtocolError(f"the worker answered a case with {event!r}")
+        crash = Crash(**fields)
+        phase = Phase(crash.phase)
+        result.signal = crash.signal
+        result.stderr_tail = crash.stderr
+        result.kind, explanation = explain(phase, crash.stderr)
+        if self.max_memory and crash.grew_by >= self.max_memory // 2:
+            # RLIMIT_AS counts address space, ru_maxrss resident pages: half the cap is near enough
+            explanation += (f" (it had grown by {crash.grew_by >> 20} MiB against the --gradgate-max-memory cap "
+                            f"of {format_size(self.max_memory)}: an allocation beyond the cap fails)")
+        result.diagnosis = explanation
+        ggml_msg = ggml_message(result.stderr_tail)
+        result.message = f"crashed ({crash.how}) in phase {phase}" + (f": {ggml_msg}" if ggml_msg else "")
+        return result.finish(Status.CRASHED, phase, started=started)
+
+
+def _status_of(exitcode):
+    """A wait status from subprocess's returncode (negative: killed by that signal)."""
+    return -exitcode if exitcode < 0 else exitcode << 8

@@ -1,0 +1,344 @@
+"""The worker process: loads the library once, then runs cases it is sent.
+
+The messages are those of protocol.py; a dead child's crash record is crash.Crash.
+
+isolate=case: the worker forks one child per case (library already loaded and warmed
+up, so a case costs a fork, not an interpreter start); see ForkingRunner. The child's
+stdout/stderr go to a file, so ggml's abort message is captured.
+isolate=worker: the worker runs the case itself; if it dies the parent sees EOF and
+reports the crash from the phases it was sent and the worker's stderr file.
+"""
+
+import ctypes
+import gc
+import mmap
+import os
+import select
+import signal
+import sys
+import tempfile
+import time
+import traceback
+
+from pytest_gradgate.build import binding
+from pytest_gradgate.check.engine import run_case
+from pytest_gradgate.check.outcome import Phase, Status
+from pytest_gradgate.check.result import Result
+from pytest_gradgate.declare.case import Case
+from pytest_gradgate.isolation import protocol
+from pytest_gradgate.isolation.crash import STDERR_TAIL, Crash, stderr_excerpt
+
+# what a worker runs before its first fork (the first that passes on this ggml): every
+# phase, two params, a non-contiguous consumer if this ggml's backward copes with one
+# (ggml 0.15.3's does for ADD, and aborts for MUL, SUB, SQRT, ...)
+WARM_UP_CASES = [dict(name="warm-up", graph="add(a, b)", params={"a": [4, 3], "b": [4, 3]}, consumer=consumer)
+                 for consumer in ("transpose", "none")]
+PR_SET_PDEATHSIG = 1
+PHASE_BOARD_BYTES = 64
+
+
+def _run_guarded(case, lib, phase):
+    """Run the engine; a Python exception is an 'error' result, not a crash."""
+    try:
+        return run_case(case, lib, phase).to_dict()
+    except Exception as exc:
+        result = Result.for_case(case)
+        result.finish(Status.ERROR, getattr(phase, "last", Phase.BUILD_FORWARD),
+                      message=f"{type(exc).__name__}: {exc}")
+        result.stderr_tail = traceback.format_exc()[-STDERR_TAIL:]
+        return result.to_dict()
+
+
+def memory_baseline(field="VmSize:"):
+    """Bytes of address space the loaded worker already has (VmSize, or another field).
+
+    RLIMIT_AS counts the whole address space, and a loaded worker (Python, numpy,
+    OpenBLAS's per-thread buffers, the library) already maps 150 MB to several GB,
+    depending on the machine; so --gradgate-max-memory caps what a case maps on top."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def apply_backtrace_setting(backtrace):
+    # ggml_print_backtrace forks gdb on an abort unless GGML_NO_BACKTRACE is set: slow,
+    # and it can hang CI; only let it through when the user asked for backtraces
+    if backtrace:
+        os.environ.pop("GGML_NO_BACKTRACE", None)
+    else:
+        os.environ["GGML_NO_BACKTRACE"] = "1"
+
+
+def _apply_memory_cap(max_memory, baseline):
+    if max_memory:
+        import resource
+        limit = baseline + max_memory
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _find_prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+_PRCTL = _find_prctl()   # looked up once, in the worker, not in every child
+
+
+def _die_with_parent():
+    """Linux: the child gets SIGKILL if its worker dies, so no hung child outlives a killed worker."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class ForkingRunner:
+    """Runs each case in a forked child of this (warm) worker.
+
+    The child for the next case is forked ahead of time (the "spare"), while the current
+    case runs, so the fork is not on any case's clock. The spare gets its case over a pipe;
+    its phase goes to a shared page (no message, no wake-up of the worker per phase); its
+    result comes back as one JSON line that the worker passes on unparsed; a child that
+    answered is reaped later, without waiting for it to exit.
+
+    What a case costs beyond its own work is copy-on-write: the child's first write to
+    each page it shares with the worker faults and copies it, about 1000 pages for a small
+    case (5-7 ms of CPU on a loaded 2-core VM; bench/bench_isolation.py). Letting spares
+    pre-fault by running a warm-up case first was measured too: it moves those faults off
+    the case's clock when a core is idle, but adds a case's worth of CPU, and came out
+    slower on the shared 2-core machine, so spares start cold."""
+
+    def __init__(self, lib, channel_fd):
+        self.lib = lib
+        self.channel_fd = channel_fd
+        self.baseline_rss = memory_baseline("VmRSS:")
+        self.spare = None          # (pid, request fd, result fd) of the child for the next case
+        self.finished = []         # pids of children that answered, to be reaped
+        self.phase_board = mmap.mmap(-1, PHASE_BOARD_BYTES)   # MAP_SHARED: children write, we read
+        # one log file for every child, truncated per case: O_APPEND makes each child's
+        # writes start at the (new) end, so no temp file is created and removed per case
+        fd, path = tempfile.mkstemp(prefix="gradgate-child-", suffix=".log")
+        os.close(fd)
+        self.log_fd = os.open(path, os.O_RDWR | os.O_APPEND)
+        os.unlink(path)
+
+    def warm_up(self):
+        """Run one small case in the worker itself, so that every child starts warm.
+
+        A child's work never flows back to the worker: without this, each child pays the
+        first-use costs (ggml's CPU backend tables, cffi's type parsing, numpy's and our
+        own lazy imports), tens of ms, again. The case runs in a child first; only if it
+        passes there is it run here, so a ggml that dies even on
+        the warm-up cases still gets a worker, and each case its own report."""
+        for spec in WARM_UP_CASES:
+            case = Case(**spec)
+            line = protocol.encode(protocol.CASE, case=case.to_dict())
+            event, reply = protocol.decode(self.run(line, {"timeout": 60}, prefork=False))
+            self._reap_finished(wait=True)
+            if event == protocol.RESULT and reply["result"]["status"] == Status.PASSED:
+                run_case(case, self.lib)
+                self.baseline_rss = memory_baseline("VmRSS:")
+                return
+
+    def run(self, line, request, prefork=True):
+        """Hand one case (its request line) to the spare child; returns the worker's reply line.
+
+        A child that answers sends the reply line itself (stderr included): the worker
+        passes it on without parsing it."""
+        for attempt in (1, 2):
+            if self.spare is None:
+                self._fork_spare()
+            pid, request_fd, result_fd = self.spare
+            self.spare = None
+            self.phase_board[:PHASE_BOARD_BYTES] = b"startup".ljust(PHASE_BOARD_BYTES, b"\0")
+            os.ftruncate(self.log_fd, 0)
+            try:
+                _write_all(request_fd, line)
+                break
+            except OSError:  # the spare died before its case (killed from outside): take a new one
+                os.close(request_fd)
+                os.close(result_fd)
+                os.waitpid(pid, 0)
+        os.close(request_fd)
+        if prefork:
+            self._fork_spare()   # the next case's child, forked while this one runs
+        try:
+            reply, timed_out = self._collect(result_fd, request.get("timeout", 60))
+        finally:
+            os.close(result_fd)
+        if reply is not None:
+            self.finished.append(pid)   # reaped later: the parent need not wait for its exit
+            return reply
+        if timed_out:
+            os.kill(pid, signal.SIGKILL)
+        _, status, usage = os.wait4(pid, 0)
+        phase = bytes(self.phase_board).rstrip(b"\0").decode() or Phase.STARTUP
+        stderr = stderr_excerpt(self.log_fd)
+        if timed_out:
+            return protocol.encode(protocol.TIMEOUT, phase=phase, stderr=stderr)
+        # the child's peak includes the pages it shares with us
+        crash = Crash.from_wait(phase, stderr, status, usage, self.baseline_rss)
+        return protocol.encode(protocol.CRASH, **crash.to_dict())
+
+    def after_case(self):
+        """Reap the children that have exited; make sure a spare is ready."""
+        self._reap_finished(wait=False)
+        if self.spare is None:
+            self._fork_spare()
+
+    def close(self):
+        self._retire_spare()
+        self._reap_finished(wait=True)
+
+    def _reap_finished(self, wait):
+        for pid in list(self.finished):
+            if os.waitpid(pid, 0 if wait else os.WNOHANG)[0] == pid:
+                self.finished.remove(pid)
+
+    def _retire_spare(self):
+        if self.spare is not None:
+            pid, request_fd, result_fd = self.spare
+            self.spare = None
+            os.close(request_fd)    # EOF instead of a case: it exits
+            os.close(result_fd)
+            os.waitpid(pid, 0)
+
+    def _fork_spare(self):
+        request_r, request_w = os.pipe()
+        result_r, result_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(request_w)
+            os.close(result_r)
+            self._child(request_r, result_w)  # never returns
+        os.close(request_r)
+        os.close(result_w)
+        self.spare = (pid, request_w, result_r)
+
+    def _child(self, request_fd, result_fd):
+        code = 0
+        try:
+            os.close(self.channel_fd)  # only the worker talks to the parent
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            _die_with_parent()
+            gc.disable()   # a collection would write to (and so copy) pages of every object it visits
+            line = _read_line(request_fd)
+            if not line:  # retired without a case
+                os._exit(0)
+            _, request = protocol.decode(line)
+            os.dup2(self.log_fd, 1)
+            os.dup2(self.log_fd, 2)
+            apply_backtrace_setting(request.get("backtrace"))
+            if request.get("max_memory"):
+                _apply_memory_cap(request["max_memory"], memory_baseline())
+            board = self.phase_board
+
+            def phase(name):
+                phase.last = name
+                board[:PHASE_BOARD_BYTES] = name.encode().ljust(PHASE_BOARD_BYTES, b"\0")
+            phase.last = Phase.BUILD_FORWARD
+            result = _run_guarded(Case.from_dict(request["case"]), self.lib, phase)
+            result["stderr_tail"] = result.get("stderr_tail") or stderr_excerpt(self.log_fd)
+            _write_all(result_fd, protocol.encode(protocol.RESULT, result=result))
+        except BaseException:
+            traceback.print_exc()
+            code = 70
+        finally:
+            os._exit(code)
+
+    @staticmethod
+    def _collect(result_fd, timeout):
+        """(reply line, timed_out): the child's reply line, or None once it closed the pipe
+        without one (it died) or the deadline passed."""
+        deadline = time.monotonic() + timeout
+        chunks = []   # a failed case's reply carries every value: it can be megabytes
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None, True
+            ready, _, _ = select.select([result_fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(result_fd, 1 << 20)
+            if not chunk:
+                return None, False
+            chunks.append(chunk)
+            if chunk.endswith(b"\n"):   # json.dumps escapes newlines: this is the end
+                return b"".join(chunks), False
+
+
+def _write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _read_line(fd):
+    buffer = b""
+    while not buffer.endswith(b"\n"):
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b""
+        buffer += chunk
+    return buffer
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    library = argv[0]
+    channel_fd = os.dup(1)
+    # keep fd 1 away from the protocol channel: ggml prints to stdout sometimes
+    os.dup2(2, 1)
+
+    def send(event, **fields):
+        _write_all(channel_fd, protocol.encode(event, **fields))
+
+    # a truncated or foreign library can kill the process inside dlopen (SIGBUS, SIGSEGV):
+    # saying so first lets the parent tell a broken build from a broken case
+    send(protocol.PHASE, name=Phase.LOAD_LIBRARY)
+    try:
+        lib = binding.load(library)
+    except Exception as exc:
+        send(protocol.FATAL, reason=f"{type(exc).__name__}: {exc}")
+        return 3
+    forking = ForkingRunner(lib, channel_fd) if hasattr(os, "fork") else None
+    if forking is not None:
+        forking.warm_up()
+    capped = False
+    # objects that exist now live as long as the worker: keep the collector off them, so
+    # that forked children do not copy the pages it would touch
+    gc.collect()
+    gc.freeze()
+    if forking is not None:
+        forking.after_case()   # the first spare
+    send(protocol.READY, ggml_version=binding.ggml_version(lib), rss=memory_baseline("VmRSS:"))
+    for line in sys.stdin.buffer:
+        _, request = protocol.decode(line)
+        if request.get("isolate", "case") == "case" and forking is not None:
+            _write_all(channel_fd, forking.run(line, request))
+            forking.after_case()   # while the parent reads the reply
+            continue
+        # isolate=worker (or no fork): the case runs here; if it kills us, the parent reports it
+        apply_backtrace_setting(request.get("backtrace"))
+        if not capped:  # the cap is for the worker's life; the baseline is its size before any case
+            _apply_memory_cap(request.get("max_memory") or 0, memory_baseline())
+            capped = True
+
+        def phase(name):
+            phase.last = name
+            send(protocol.PHASE, name=name)
+        phase.last = Phase.BUILD_FORWARD
+        send(protocol.RESULT, result=_run_guarded(Case.from_dict(request["case"]), lib, phase))
+    if forking is not None:
+        forking.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""The HTML report: one self-contained file a reviewer can open from a CI artifact.
+
+A summary table of every case (failures first, sortable by a tiny inline script), then one
+section per case that did not pass: for each failed parameter, heatmaps of the analytic
+gradient, the numeric gradient and their difference, one 2-D slice (ne0 x ne1) per (i2, i3),
+plus the worst elements; for a crash, ggml's message and the tail of its stderr.
+
+Why pictures: a gradient read from the wrong places has the right values in the wrong cells,
+which a list of numbers hides and a heatmap shows at once (the CONCAT story in DESIGN.md).
+
+matplotlib is an optional extra (pytest-gradgate[report]); `require_matplotlib` lets the
+plugin fail at configure time instead of after a long run. Images are PNG, base64-embedded,
+so the file has no dependencies and survives being downloaded from an artifact store.
+Everything that comes from a case or from ggml is escaped.
+"""
+
+import base64
+import html
+import io
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pytest_gradgate.report.text import format_number as _num
+
+EXTRA_HINT = "pip install 'pytest-gradgate[report]'"
+MISSING_MATPLOTLIB = ("--gradgate-html needs matplotlib, which is not installed; install the report extra: "
+                      + EXTRA_HINT + " (or pip install matplotlib)")
+
+# failures first; the order in which groups appear in the table and the sections
+STATUS_ORDER = ("failed", "crashed", "timeout", "error", "skipped", "passed")
+NOT_PASSED = ("failed", "crashed", "timeout", "error")
+MAX_SLICES = 8          # per parameter: beyond this, the slices with the largest error are shown
+MAX_ANNOTATED = 96      # cells per slice up to which each cell's value is printed in it
+# a broken ggml can fail hundreds of cases; pictures for the first ones keep the report quick
+# to write (~0.1-0.5 s per image) and small, the rest get their numbers only
+MAX_CASES_WITH_PICTURES = 20
+N_WORST = 10
+
+
+def require_matplotlib():
+    """Raise ImportError(MISSING_MATPLOTLIB) unless matplotlib can be imported."""
+    try:
+        import matplotlib  # noqa: F401
+        from matplotlib.figure import Figure  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(MISSING_MATPLOTLIB) from exc
+
+
+def _e(value):
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _rank(result):
+    status = result.get("status", "error")
+    return STATUS_ORDER.index(status) if status in STATUS_ORDER else 0
+
+
+def _anchor(index):
+    return f"case-{index}"
+
+
+# -- gradients as pictures -------------------------------------------------------------------
+def as_array(values, ne):
+    """Logical order, i0 fastest -> numpy array indexed [i3, i2, i1, i0]."""
+    ne = (list(ne) + [1, 1, 1, 1])[:4]
+    return np.asarray(values, dtype=np.float64).reshape(ne[3], ne[2], ne[1], ne[0])
+
+
+def slice_name(param, i2, i3):
+    return f"{param}[:, :, {i2}, {i3}]"
+
+
+def pick_slices(analytic, numeric, limit=MAX_SLICES):
+    """(i2, i3) pairs to draw, in logical order; when there are too many, those with the
+    largest |analytic - numeric| (the interesting ones)."""
+    ne3, ne2 = analytic.shape[0], analytic.shape[1]
+    pairs = [(i2, i3) for i3 in range(ne3) for i2 in range(ne2)]
+    if len(pairs) <= limit:
+        return pairs, len(pairs)
+    err = np.abs(analytic - numeric).max(axis=(2, 3))          # [i3, i2]
+    top = sorted(pairs, key=lambda p: -err[p[1], p[0]])[:limit]
+    return [p for p in pairs if p in top], len(pairs)
+
+
+def _symmetric(*arrays):
+    m = max(float(np.nanmax(np.abs(a))) if np.size(a) else 0.0 for a in arrays)
+    return m if m > 0 and np.isfinite(m) else 1.0
+
+
+def heatmap_png(name, analytic, numeric, vmax=None):
+    """One slice (2-D, [i1, i0]) as a PNG: analytic | numeric | analytic - numeric.
+
+    Analytic and numeric share one colour scale, so a value in the wrong cell shows as the
+    same colour in another place; the difference has its own scale."""
+    from matplotlib.figure import Figure
+
+    diff = analytic - numeric
+    rows, cols = analytic.shape
+    vmax = vmax or _symmetric(analytic, numeric)
+    dmax = _symmetric(diff)
+    # size the panels to the slice: about 0.42 in per cell, within sane bounds
+    panel_w = min(max(cols * 0.42, 2.2), 5.5)
+    panel_h = min(max(rows * 0.42, 1.0), 5.5)
+    fig = Figure(figsize=(3 * panel_w + 1.6, panel_h + 1.0), dpi=110, layout="constrained")
+    axes = fig.subplots(1, 3)
+    aspect = "equal" if max(rows, cols) <= 8 * min(rows, cols) else "auto"
+    annotate = rows * cols <= MAX_ANNOTATED
+    panels = ((analytic, "analytic", vmax), (numeric, "numeric", vmax), (diff, "analytic − numeric", dmax))
+    for ax, (data, title, scale) in zip(axes, panels):
+        im = ax.imshow(np.ma.masked_invalid(data), cmap=_cmap(), vmin=-scale, vmax=scale, aspect=aspect,
+                       interpolation="nearest")
+        ax.set_title(f"{name} {title}", fontsize=9)
+        ax.set_xlabel("i0", fontsize=8)
+        ax.set_ylabel("i1", fontsize=8)
+        ax.tick_params(labelsize=7)
+        if cols <= 32:
+            ax.set_xticks(range(cols))
+        if rows <= 32:
+            ax.set_yticks(range(rows))
+        if annotate:
+            for i1 in range(rows):
+                for i0 in range(cols):
+                    v = data[i1, i0]
+                    ax.text(i0, i1, f"{v:.2f}", ha="center", va="center", fontsize=6.5,
+                            color="white" if abs(v) > 0.6 * scale else "black")
+        if title != "numeric":
+            fig.colorbar(im, ax=ax if title != "analytic" else [axes[0], axes[1]], shrink=0.85, pad=0.02)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def overview_png(name, analytic, numeric, pairs):
+    """All drawn slices side by side, one row each for analytic, numeric and difference.
+
+    A gradient read with the wrong strides shows here as its values sliding from slice to
+    slice (diagonal bands across the blocks) where the numeric one has none."""
+    from matplotlib.figure import Figure
+
+    ne1, ne0 = analytic.shape[2], analytic.shape[3]
+
+    def mosaic(t):
+        blocks = []
+        for k, (i2, i3) in enumerate(pairs):
+            if k:
+                blocks.append(np.full((ne1, 1), np.nan))     # a gap between slices
+            blocks.append(t[i3, i2])
+        return np.concatenate(blocks, axis=1)
+
+    diff = analytic - numeric
+    rows = ((mosaic(analytic), "analytic", _symmetric(analytic, numeric)),
+            (mosaic(numeric), "numeric", _symmetric(analytic, numeric)),
+            (mosaic(diff), "analytic − numeric", _symmetric(diff)))
+    width = rows[0][0].shape[1]
+    fig = Figure(figsize=(min(max(width * 0.28, 5.0), 14.0) + 1.2, 3 * min(max(ne1 * 0.3, 0.8), 3.0) + 1.4),
+                 dpi=110, layout="constrained")
+    axes = fig.subplots(3, 1)
+    centers = [k * (ne0 + 1) + (ne0 - 1) / 2 for k in range(len(pairs))]
+    for ax, (data, title, scale) in zip(axes, rows):
+        cmap = _cmap()
+        im = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, vmin=-scale, vmax=scale,
+                       aspect="auto", interpolation="nearest")
+        ax.set_title(f"{name}: {title}, all slices", fontsize=9)
+        ax.set_xticks(centers)
+        ax.set_xticklabels([f"[:, :, {i2}, {i3}]" for i2, i3 in pairs], fontsize=7)
+        ax.set_ylabel("i1", fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+        fig.colorbar(im, ax=ax, pad=0.01, aspect=10)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _cmap():
+    import matplotlib
+    # diverging around 0; grey for the gaps between slices (and any NaN)
+    return matplotlib.colormaps["RdBu_r"].with_extremes(bad="#dddddd")
+
+
+def _img(png, alt):
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
+
+
+# -- sections ----------------------------------------------------------------------------------
+def _worst_rows(param, analytic=None, numeric=None):
+    """The worst elements: from the values when present (more of them), else the Result's."""
+    if analytic is not None:
+        a, n = analytic.reshape(-1), numeric.reshape(-1)
+        err = np.abs(a - n)
+        ne = (list(param.get("shape") or []) + [1, 1, 1, 1])[:4]
+        rows = []
+        for flat in np.argsort(-err, kind="stable")[:N_WORST]:
+            idx, rest = [], int(flat)
+            for size in ne:
+                idx.append(rest % size)
+                rest //= size
+            rows.append((idx, float(a[flat]), float(n[flat])))
+        return rows
+    return [(w["index"], w["analytic"], w["numeric"]) for w in param.get("worst") or []]
+
+
+def _param_section(param, draw=True):
+    name = param.get("name", "?")
+    out = [f'<div class="param"><h4>param {_e(name)} {_e(param.get("shape"))}</h4>',
+           '<p class="metrics">'
+           f'MAA {_e(_num(param.get("maa")))} (limit {_e(_num(param.get("limit")))}), '
+           f'cosine {_e(_num(param.get("cosine"), ".4f"))}, norm ratio {_e(_num(param.get("norm_ratio"), ".4g"))}, '
+           f'max |a&minus;n| {_e(_num(param.get("max_abs_err")))}, compared {_e(param.get("n_compared"))} '
+           f'of {_e(param.get("n_elements"))}'
+           + (f'<br>diagnosis: {_e(param.get("diagnosis"))}' if param.get("diagnosis") else "") + "</p>"]
+    analytic = numeric = None
+    has_values = param.get("analytic_values") is not None and param.get("numeric_values") is not None
+    if has_values:
+        analytic = as_array(param["analytic_values"], param["shape"])
+        numeric = as_array(param["numeric_values"], param["shape"])
+    if has_values and not draw:
+        out.append(f'<p class="note">no pictures: only the first {MAX_CASES_WITH_PICTURES} cases that did not '
+                   "pass are drawn</p>")
+    elif has_values:
+        pairs, total = pick_slices(analytic, numeric)
+        vmax = _symmetric(analytic, numeric)
+        if len(pairs) < total:
+            out.append(f'<p class="note">showing {len(pairs)} of {total} slices: those with the largest '
+                       "|analytic &minus; numeric|</p>")
+        if len(pairs) > 1:
+            label = f"{name}: all slices"
+            out.append(f'<figure class="overview">{_img(overview_png(name, analytic, numeric, pairs), label)}'
+                       f"<figcaption>{_e(label)} side by side (rows i1, columns i0 within each slice)"
+                       "</figcaption></figure>")
+        for i2, i3 in pairs:
+            label = slice_name(name, i2, i3)
+            png = heatmap_png(label, analytic[i3, i2], numeric[i3, i2], vmax=vmax)
+            out.append(f'<figure class="slice">{_img(png, label)}<figcaption>{_e(label)} '
+                       "(rows i1, columns i0)</figcaption></figure>")
+    elif not param.get("passed", True):
+        out.append('<p class="note">no per-element values (fast mode compares directional derivatives)</p>')
+    worst = _worst_rows(param, analytic, numeric)
+    if worst:
+        out.append('<table class="worst"><thead><tr><th>index [i0, i1, i2, i3]</th><th>analytic</th>'
+                   "<th>numeric</th><th>|a&minus;n|</th></tr></thead><tbody>")
+        for idx, a, n in worst:
+            out.append(f"<tr><td>{_e(list(idx))}</td><td>{_e(_num(a, '+.6g'))}</td><td>{_e(_num(n, '+.6g'))}</td>"
+                       f"<td>{_e(_num(abs(a - n), '.3g'))}</td></tr>")
+        out.append("</tbody></table>")
+    out.append("</div>")
+    return "\n".join(out)
+
+
+def _case_section(index, r, draw=True):
+    status = r.get("status", "error")
+    origin = r.get("origin") or {}
+    out = [f'<section class="case {_e(status)}" id="{_anchor(index)}">',
+           f'<h3><span class="badge {_e(status)}">{_e(status)}</span> {_e(r.get("case_id"))}</h3>',
+           f'<p>op {_e(r.get("op") or "?")}, consumer {_e(r.get("consumer"))}, loss {_e(r.get("loss"))}, '
+           f'backend {_e(r.get("backend"))}, phase {_e(r.get("phase"))}'
+           + (f', declared at {_e(origin.get("path"))}:{_e(origin.get("line"))}' if origin.get("path") else "")
+           + "</p>"]
+    if r.get("diagnosis"):
+        out.append(f'<p class="diagnosis">diagnosis: {_e(r["diagnosis"])}</p>')
+    if r.get("message") and r.get("message") != r.get("diagnosis"):
+        out.append(f'<p class="message">{_e(r["message"])}</p>')
+    if status in ("crashed", "timeout", "error"):
+        if r.get("signal"):
+            out.append(f'<p class="signal">signal: {_e(r["signal"])}</p>')
+        tail = r.get("stderr_tail") or ""
+        out.append('<h4>stderr (tail)</h4><pre class="stderr">' + (_e(tail) if tail.strip() else "(empty)") + "</pre>")
+    for param in r.get("params") or []:
+        if not param.get("passed", True):
+            out.append(_param_section(param, draw))
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _summary_table(ordered):
+    head = ("case", "op", "consumer", "backend", "status", "MAA", "cosine", "diagnosis", "phase")
+    out = ['<table id="summary"><thead><tr>'
+           + "".join(f'<th data-col="{i}" title="click to sort">{h}</th>' for i, h in enumerate(head))
+           + "</tr></thead><tbody>"]
+    for index, r in ordered:
+        status = r.get("status", "error")
+        shown = status
+        if r.get("outcome") and r["outcome"] not in ("passed", "failed") and r["outcome"] != status:
+            shown = f"{status} ({r['outcome']})"       # e.g. failed but xfailed by the baseline
+        name = _e(r.get("case_id"))
+        if status in NOT_PASSED:
+            name = f'<a href="#{_anchor(index)}">{name}</a>'
+        maa, cos = r.get("maa"), r.get("cosine")
+        cells = [
+            (name, _e(r.get("case_id"))),
+            (_e(r.get("op")), _e(r.get("op"))),
+            (_e(r.get("consumer")), _e(r.get("consumer"))),
+            (_e(r.get("backend")), _e(r.get("backend"))),
+            (f'<span class="badge {_e(status)}">{_e(shown)}</span>', str(_rank(r))),
+            (_e(_num(maa)), repr(float(maa)) if maa is not None else "-1"),
+            (_e(_num(cos, ".4f")), repr(float(cos)) if cos is not None else "-9"),
+            (_e(r.get("diagnosis") or r.get("message") or ""), _e(r.get("diagnosis") or "")),
+            (_e(r.get("phase")), _e(r.get("phase"))),
+        ]
+        out.append(f'<tr class="{_e(status)}">'
+                   + "".join(f'<td data-sort="{key}">{text}</td>' for text, key in cells) + "</tr>")
+    out.append("</tbody></table>")
+    return "\n".join(out)
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 1.2em 2em; color: #222; }
+h1 { font-size: 1.4em; } h3 { margin-bottom: 0.2em; } h4 { margin: 0.8em 0 0.2em; }
+table { border-collapse: collapse; font-size: 0.85em; }
+th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: left; vertical-align: top; }
+#summary th { cursor: pointer; background: #eee; user-select: none; }
+.badge { padding: 0 5px; border-radius: 3px; color: #fff; font-size: 0.9em; white-space: nowrap; }
+.badge.passed { background: #2a7a2a; } .badge.skipped { background: #888; }
+.badge.failed { background: #c0392b; } .badge.crashed, .badge.timeout, .badge.error { background: #7b2d8b; }
+section.case { border-top: 2px solid #bbb; margin-top: 1.5em; }
+figure { margin: 0.4em 0; } figure img { max-width: 100%; border: 1px solid #ddd; }
+figcaption { font-family: monospace; font-size: 0.85em; }
+pre.stderr { background: #f6f6f6; border: 1px solid #ddd; padding: 0.5em; overflow-x: auto; max-height: 30em; }
+.note, .meta { color: #555; font-size: 0.9em; }
+"""
+
+# click a header to sort by it; a second click reverses. Status sorts by the failures-first rank.
+_JS = """
+document.querySelectorAll('#summary th').forEach(function (th) {
+  th.addEventListener('click', function () {
+    var col = +th.dataset.col, body = th.closest('table').tBodies[0];
+    var dir = th.dataset.dir === 'asc' ? -1 : 1; th.dataset.dir = dir === 1 ? 'asc' : 'desc';
+    var rows = Array.prototype.slice.call(body.rows);
+    rows.sort(function (a, b) {
+      var x = a.cells[col].dataset.sort, y = b.cells[col].dataset.sort;
+      var nx = parseFloat(x), ny = parseFloat(y);
+      var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+      return dir * c;
+    });
+    rows.forEach(function (r) { body.appendChild(r); });
+  });
+});
+"""
+
+
+def render(results, meta=None):
+    """The report as one HTML string. results: Result dicts (Result.to_dict(), plus the
+    plugin's "outcome"); meta: optional {label: value} lines for the header."""
+    indexed = list(enumerate(results))
+    ordered = sorted(indexed, key=lambda ir: (_rank(ir[1]), str(ir[1].get("case_id"))))
+    counts = {}
+    for r in results:
+        counts[r.get("status", "error")] = counts.get(r.get("status", "error"), 0) + 1
+    count_text = ", ".join(f"{counts[s]} {s}" for s in STATUS_ORDER if s in counts) or "no cases ran"
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             "<title>gradgate report</title>", f"<style>{_CSS}</style></head><body>",
+             "<h1>gradgate: ggml backward-pass report</h1>",
+             f'<p class="counts">{_e(count_text)}</p>']
+    lines = dict(meta or {})
+    lines.setdefault("generated", time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    parts.append('<p class="meta">' + "<br>".join(f"{_e(k)}: {_e(v)}" for k, v in lines.items()) + "</p>")
+    parts.append(_summary_table(ordered))
+    failing = [(i, r) for i, r in ordered if r.get("status") in NOT_PASSED]
+    if failing:
+        parts.append(f"<h2>Cases that did not pass ({len(failing)})</h2>")
+        parts.extend(_case_section(i, r, draw=k < MAX_CASES_WITH_PICTURES) for k, (i, r) in enumerate(failing))
+    parts.append(f"<script>{_JS}</script></body></html>")
+    return "\n".join(parts)
+
+
+def write(path, results, meta=None):
+    """Render and write atomically (a half-written report is worse than none)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = render(results, meta)
+    fd, tmp = tempfile.mkstemp(prefix=".gradgate-", suffix=".html", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(tmp, 0o644)             # mkstemp makes it private; a report is for sharing
+    os.replace(tmp, path)
+    return path

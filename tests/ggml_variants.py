@@ -1,0 +1,100 @@
+"""Variants of a ggml tree, made by patching a copy of it at short anchors.
+
+Used by the tests, the benchmark and the HTML demo to put a known bug into a real ggml
+(or take one out) instead of imitating ggml in Python. Each patch inserts code we wrote
+before a one-line anchor (a `case GGML_OP_...:` label) in src/ggml.c, or (deaths) after
+a one-line anchor in the CPU SCALE kernel.
+"""
+
+from pathlib import Path
+
+from pytest_gradgate.build.source import copy_tree
+
+# where new backward cases go: the first label after the unary block of ggml_compute_backward
+BACKWARD_ANCHOR = "        case GGML_OP_WIN_PART:\n"
+
+# A CONCAT backward as forks write it. {grad_expr} is what the slices are taken from:
+# `grad` itself (BUGGY: ggml_view_4d assumes the first stride is the element size, which
+# is false once the gradient arrives through a transpose/permute) or `ggml_cont(ctx, grad)`
+# (FIXED: slice a contiguous copy).
+_CONCAT_BACKWARD = """\
+        case GGML_OP_CONCAT: {{ // added by pytest-gradgate's {variant} test variant
+            const int32_t dim = ggml_get_op_params_i32(tensor, 0);
+            struct ggml_tensor * g = {grad_expr};
+            if (src0_needs_grads) {{
+                struct ggml_tensor * g0 = ggml_view_4d(ctx, g, src0->ne[0], src0->ne[1], src0->ne[2], src0->ne[3],
+                                                       g->nb[1], g->nb[2], g->nb[3], 0);
+                ggml_add_or_set(ctx, cgraph, isrc0, ggml_cont(ctx, g0));
+            }}
+            if (src1_needs_grads) {{
+                const size_t offset = src0->ne[dim] * g->nb[dim];
+                struct ggml_tensor * g1 = ggml_view_4d(ctx, g, src1->ne[0], src1->ne[1], src1->ne[2], src1->ne[3],
+                                                       g->nb[1], g->nb[2], g->nb[3], offset);
+                ggml_add_or_set(ctx, cgraph, isrc1, ggml_cont(ctx, g1));
+            }}
+        }} break;
+"""
+
+CONCAT_VARIANTS = {
+    "concat-buggy": _CONCAT_BACKWARD.format(variant="concat-buggy", grad_expr="grad"),
+    "concat-fixed": _CONCAT_BACKWARD.format(variant="concat-fixed", grad_expr="ggml_cont(ctx, grad)"),
+}
+
+
+# The "deaths" variant: the CPU SCALE kernel dies on purpose for magic scale factors, so
+# the isolation tests see real deaths in the compute phase: s = 13 writes through a NULL
+# pointer (SIGSEGV), s = 17 spins forever (a hang), s = 19 allocates and touches 16 MiB at
+# a time without bound (GGML_ABORT once malloc fails, i.e. under a memory cap).
+# The pointer is read through a volatile so that the compiler cannot see it is NULL and
+# turn the store into a trap instruction (SIGILL) instead.
+DEATHS_ANCHOR = "    memcpy(&b, (float *) dst->op_params + 1, sizeof(float));\n"
+_DEATHS_CODE = """\
+    { // added by pytest-gradgate's deaths test variant
+        if (s == 13.0f) { float * volatile nowhere = NULL; *nowhere = b; }
+        if (s == 17.0f) { for (volatile unsigned long spin = 0; ; spin++) { } }
+        if (s == 19.0f) {
+            for (size_t mib = 0; ; mib += 16) {
+                char * chunk = (char *) malloc((size_t) 16 << 20);
+                if (chunk == NULL) {
+                    GGML_ABORT("gradgate deaths variant: malloc failed after %zu MiB", mib);
+                }
+                memset(chunk, 1, (size_t) 16 << 20);
+            }
+        }
+    }
+"""
+VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths",)
+
+
+class PatchError(Exception):
+    pass
+
+
+def insert_before(path, anchor, code):
+    """Insert `code` before the single occurrence of `anchor` in `path`."""
+    path = Path(path)
+    text = path.read_text()
+    count = text.count(anchor)
+    if count != 1:
+        raise PatchError(f"{path}: anchor {anchor.strip()!r} found {count} times, expected once")
+    path.write_text(text.replace(anchor, code + anchor))
+
+
+def replace_once(path, old, new):
+    path = Path(path)
+    text = path.read_text()
+    if text.count(old) != 1:
+        raise PatchError(f"{path}: {old.strip()[:60]!r} found {text.count(old)} times, expected once")
+    path.write_text(text.replace(old, new))
+
+
+def make_variant(ggml_root, dest, name):
+    """A copy of ggml_root at dest with the named variant's patch applied."""
+    if name not in VARIANTS:
+        raise PatchError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
+    dest = copy_tree(ggml_root, dest)
+    if name == "deaths":
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", DEATHS_ANCHOR, DEATHS_ANCHOR + _DEATHS_CODE)
+    else:
+        insert_before(dest / "src" / "ggml.c", BACKWARD_ANCHOR, CONCAT_VARIANTS[name])
+    return dest

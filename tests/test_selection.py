@@ -1,0 +1,118 @@
+"""What a run selects and under which config, through real `pytest --gradgate` runs:
+built-in ids pasted back, `file.yaml::id`, --lf/--ff/--sw, the fixture's marker, and a ggml
+tree given with a space that must not become pytest's rootdir.
+
+Each test names what it caught before the change that it guards.
+"""
+
+import json
+import os
+import re
+
+import pytest
+
+from pytest_gradgate.build.cache import cache_root
+
+USER_CACHE = cache_root()      # read before pytester moves HOME
+DUP_ID = "pytest_gradgate/cases.yaml::dup[none-sqr-cpu]"
+MY_CASES = """\
+cases:
+  - name: my_add
+    params: {a: [4, 3], b: [4, 3]}
+    graph: add(a, b)
+    consumers: [none, transpose]
+  - name: my_silu            # SILU's backward ignores grad's strides on ggml 0.15.3: transpose fails
+    params: {a: [4, 3]}
+    graph: silu(a)
+    consumers: [none, transpose]
+"""
+
+
+@pytest.fixture(autouse=True)
+def user_cache(monkeypatch, default_build):
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(USER_CACHE))
+    for name in ("GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY", "GRADGATE_GGML_SRC", "GRADGATE_BASELINE", "GRADGATE_CASES"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def ran(result):
+    """Node ids that ran, in the order they ran: the `-v` lines."""
+    return re.findall(r"^(\S+\.yaml::\S+) (?:PASSED|FAILED|XFAIL|XPASS|ERROR|SKIPPED)", result.stdout.str(), re.M)
+
+
+def test_a_builtin_id_pasted_back_selects_exactly_that_item(pytester):
+    """Before: 'file or directory not found: pytest_gradgate/cases.yaml::dup[none-sqr-cpu]'."""
+    result = pytester.runpytest_subprocess("--gradgate", DUP_ID, "-v", "-p", "no:cacheprovider")
+    assert result.ret == 0, result.stdout.str()
+    assert ran(result) == [DUP_ID]
+    result.assert_outcomes(passed=1)
+
+
+def test_a_user_file_id_selects_that_item_only(pytester):
+    """Before: every built-in item ran as well (the built-in files were always appended)."""
+    pytester.makefile(".yaml", gradgate_mine=MY_CASES)
+    result = pytester.runpytest_subprocess("--gradgate", "gradgate_mine.yaml::my_add[transpose-sqr-cpu]", "-v",
+                                           "-p", "no:cacheprovider")
+    assert result.ret == 0, result.stdout.str()
+    assert ran(result) == ["gradgate_mine.yaml::my_add[transpose-sqr-cpu]"]
+
+
+def test_lf_ff_and_sw_rerun_the_failures_of_user_and_builtin_files(pytester):
+    """Before: `--lf` reran every item of the built-in files, which are initial paths of every
+    run (pytest keeps all items of an initial path); here the built-in silu items fail too,
+    since the empty baseline knows no failure."""
+    pytester.makefile(".yaml", gradgate_mine=MY_CASES)
+    empty = pytester.path / "empty-baseline.json"
+    empty.write_text(json.dumps({"schema": 1, "ggml_version": "0.15.3", "entries": {}}))
+    base = ["--gradgate", "--gradgate-baseline", str(empty), "-v", "-rf", "-k", "silu or add"]
+    first = pytester.runpytest_subprocess(*base, "--gradgate-cases", "gradgate_mine.yaml")
+    failed = set(re.findall(r"^FAILED (\S+)", first.stdout.str(), re.M))
+    assert "gradgate_mine.yaml::my_silu[transpose-sqr-cpu]" in failed
+    assert any(f.startswith("pytest_gradgate/cases.yaml::silu[") for f in failed), failed
+    total = len(ran(first))
+    assert total > len(failed) + 2
+
+    again = pytester.runpytest_subprocess(*base, "--gradgate-cases", "gradgate_mine.yaml", "--lf")
+    assert set(ran(again)) == failed, again.stdout.str()
+    again.stdout.fnmatch_lines(["*run-last-failure: rerun previous * failure*"])
+
+    first_failed = pytester.runpytest_subprocess(*base, "--gradgate-cases", "gradgate_mine.yaml", "--ff")
+    order = ran(first_failed)
+    assert set(order[:len(failed)]) == failed and len(order) == total
+
+    step = pytester.runpytest_subprocess(*base, "--gradgate-cases", "gradgate_mine.yaml", "--sw")
+    stopped_at = re.findall(r"^FAILED (\S+)", step.stdout.str(), re.M)
+    assert len(stopped_at) == 1 and step.ret == pytest.ExitCode.INTERRUPTED   # how --sw stops
+    resumed = pytester.runpytest_subprocess(*base, "--gradgate-cases", "gradgate_mine.yaml", "--sw")
+    assert ran(resumed)[0] == stopped_at[0]   # --sw starts again at the failure it stopped at
+
+
+def test_tests_that_use_the_fixture_carry_the_gradgate_marker(pytester):
+    pytester.makepyfile(test_mixed="""
+        def test_uses_it(gradgate):
+            pass
+
+        def test_plain():
+            pass
+    """)
+    result = pytester.runpytest_subprocess("-m", "gradgate", "--collect-only", "-q", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["test_mixed.py::test_uses_it", "*1/2 tests collected (1 deselected)*"])
+
+
+@pytest.mark.parametrize("spelling", ["space", "equals"])
+def test_the_tree_under_test_never_becomes_rootdir_or_config(pytester, default_ggml, spelling):
+    """A llama.cpp-shaped tree with a pyproject.toml of its own, whose addopts would deselect
+    everything. Before, written with a space, pytest took the tree for a test path, made it
+    the rootdir, and ran under its config (here: 0 selected, rc 5)."""
+    tree = pytester.path / "llama.cpp"
+    tree.mkdir()
+    os.symlink(default_ggml, tree / "ggml")
+    (tree / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-k nothing_is_selected"\n')
+    option = ["--gradgate-ggml-src", str(tree)] if spelling == "space" else [f"--gradgate-ggml-src={tree}"]
+    result = pytester.runpytest_subprocess("--gradgate", *option, "-k", "dup and none", "-p", "no:cacheprovider")
+    assert result.ret == 0, result.stdout.str()
+    out = result.stdout.str()
+    assert f"rootdir: {pytester.path}\n" in out
+    assert "configfile" not in out
+    assert f"gradgate: ggml 0.15.3 from {tree}" in out
+    assert result.parseoutcomes()["passed"] >= 1
