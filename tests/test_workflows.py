@@ -1,12 +1,19 @@
 """The GitHub workflows cannot run here, so their YAML is checked for the keys that matter:
 the project's CI runs the one entry script with caches; the reusable gate is callable,
-has its jobs, a timeout on every job and step, and one aggregate job for branch protection
-that runs even when a job it needs failed."""
+installs the gate at the commit the caller pinned, has its jobs, a timeout on every job and
+step, and one aggregate job for branch protection that runs even when a job it needs failed;
+the release builds, checks, smoke-tests and publishes with trusted publishing. Shell steps
+that decide something are run here for real."""
 
+import json
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+
+import pytest_gradgate
 
 WORKFLOWS = Path(__file__).resolve().parent.parent / ".github" / "workflows"
 
@@ -24,7 +31,7 @@ def all_steps(workflow):
             yield job_name, step
 
 
-@pytest.mark.parametrize("name", ["ci.yml", "gradgate.yml"])
+@pytest.mark.parametrize("name", ["ci.yml", "gradgate.yml", "release.yml"])
 def test_every_job_and_step_has_a_timeout(name):
     workflow = load(name)
     for job_name, job in workflow["jobs"].items():
@@ -85,7 +92,59 @@ def test_gradgate_jobs_cpu_cuda_build_gpu_and_the_aggregate_gate():
 
 def test_readme_documents_the_one_line_uses():
     readme = (WORKFLOWS.parent.parent / "README.md").read_text()
-    assert "uses: " in readme and ".github/workflows/gradgate.yml@" in readme
+    uses = re.search(r"uses: ([\w.-]+/[\w.-]+)/\.github/workflows/gradgate\.yml@v([\w.]+)", readme)
+    assert uses, "the README shows no `uses:` line of the reusable workflow"
+    assert uses.group(2) == pytest_gradgate.__version__   # the tag a user pins is the release's
+
+
+def test_gradgate_installs_the_gate_from_its_own_commit_unless_a_package_is_given():
+    """Before: every job ran `pip install "$PACKAGE"` with PACKAGE defaulting to pytest-gradgate,
+    which is not on PyPI, so the README's `uses:` line could not work."""
+    gate = load("gradgate.yml")
+    assert gate["on"]["workflow_call"]["inputs"]["package"]["default"] == ""
+    for name in ("cpu", "cuda-build", "gpu"):
+        steps = gate["jobs"][name]["steps"]
+        own = [s for s in steps if s.get("with", {}).get("repository") == "${{ job.workflow_repository }}"]
+        assert own and own[0]["uses"].startswith("actions/checkout") and own[0]["if"] == "inputs.package == ''", name
+        assert own[0]["with"]["ref"] == "${{ job.workflow_sha }}", name
+        path = own[0]["with"]["path"]
+        install = next(s for s in steps if s.get("name") == "install pytest-gradgate")
+        assert steps.index(own[0]) < steps.index(install)
+        assert f'"${{PACKAGE:-./{path}}}"' in install["run"], name
+
+
+@pytest.mark.parametrize("package, expected", [("", "./.gradgate-src"), ("pytest-gradgate==0.1.0", "pytest-gradgate==0.1.0")])
+def test_the_install_line_takes_the_checkout_or_the_package(package, expected):
+    step = next(s for s in load("gradgate.yml")["jobs"]["cpu"]["steps"] if s.get("name") == "install pytest-gradgate")
+    # the same line, with pip replaced by echo: what would be installed
+    line = step["run"].replace("python -m pip install", "echo")
+    out = subprocess.run(["bash", "-c", line], env={"PATH": "/usr/bin:/bin", "PACKAGE": package},
+                         capture_output=True, text=True).stdout
+    assert out.split()[1] == expected
+
+
+def test_release_builds_checks_smoke_tests_and_publishes_with_trusted_publishing():
+    release = load("release.yml")
+    assert release["on"]["push"]["tags"] == ["v*"]
+    build, publish = release["jobs"]["build"], release["jobs"]["publish"]
+    run = " ".join(s.get("run", "") for s in build["steps"])
+    assert "python -m build" in run and "twine check" in run
+    assert "pip install" in run and "dist/*.whl" in run and "pytest --gradgate" in run and "gradgate --version" in run
+    smoke = next(s for s in build["steps"] if "dist/*.whl" in s.get("run", ""))
+    assert smoke["working-directory"] == "${{ runner.temp }}"   # outside the checkout
+    assert publish["needs"] == "build" and publish["permissions"] == {"id-token": "write"}
+    assert publish["if"] == "startsWith(github.ref, 'refs/tags/v')"
+    assert any(s.get("uses", "").startswith("pypa/gh-action-pypi-publish") for s in publish["steps"])
+    assert all("password" not in s.get("with", {}) for s in publish["steps"])   # no token: trusted publishing
+
+
+@pytest.mark.parametrize("tag, code", [(f"v{pytest_gradgate.__version__}", 0), ("v99.0.0", 1)])
+def test_the_release_refuses_a_tag_that_is_not_the_version(tag, code):
+    step = next(s for s in load("release.yml")["jobs"]["build"]["steps"] if "GITHUB_REF_NAME" in s.get("run", ""))
+    proc = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=WORKFLOWS.parent.parent, capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin:" + str(Path(__import__("sys").executable).parent),
+                                          "GITHUB_REF_NAME": tag})
+    assert proc.returncode == code, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("results, code", [
@@ -95,8 +154,6 @@ def test_readme_documents_the_one_line_uses():
 ])
 def test_the_aggregate_gate_script_fails_when_a_needed_job_failed(results, code, tmp_path):
     """Runs the gate job's own shell step with the `needs` JSON GitHub would give it."""
-    import json
-    import subprocess
     step = load("gradgate.yml")["jobs"]["gate"]["steps"][0]
     env = {"PATH": "/usr/bin:/bin", "RESULTS": json.dumps({k: {"result": v, "outputs": {}} for k, v in results.items()})}
     proc = subprocess.run(["bash", "-e", "-c", step["run"]], env=env, capture_output=True, text=True)
