@@ -108,7 +108,7 @@ def run_ours(cases, library, jobs, isolate="case"):
                    "isolate": isolate}, spec)
     try:
         with tempfile.TemporaryFile() as out:
-            proc = subprocess.Popen([sys.executable, "-m", "pytest_gradgate.bench", "--run-ours", spec.name],
+            proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--run-ours", spec.name],
                                     stdout=out)
             _, status, usage = os.wait4(proc.pid, 0)
             out.seek(0)

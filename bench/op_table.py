@@ -27,7 +27,7 @@ from pytest_gradgate.declare.graph import infer_shapes
 from pytest_gradgate.isolation.parent import Runner
 from pytest_gradgate.declare.loader import load_file
 from pytest_gradgate.ops.table import OPS
-from pytest_gradgate.check.result import ggml_message
+from pytest_gradgate.isolation.crash import ggml_message
 from pytest_gradgate.build.source import default_ggml_root
 
 SUITE = Path(pytest_gradgate.__file__).resolve().parent / "cases.yaml"

@@ -1,7 +1,7 @@
 """Fast mode (directional derivatives) on real builds: it catches the story's CONCAT scramble at
 an attention-sized KV cache, passes the fixed backward, stays blind where a scramble cannot be
 seen, keeps its numeric estimate precise on large tensors, and --gradgate-mode fast reaches
-every case. Speed targets (10^6 elements in < 2 s) are measured in pytest_gradgate/bench.py."""
+every case. Speed targets (10^6 elements in < 2 s) are measured in bench/bench_reference.py."""
 
 import textwrap
 
