@@ -167,7 +167,7 @@ def main(argv=None):
         print("\nPassed but blind (*): " + ", ".join(r.case_id for r in blind))
     counts = {}
     for r in results:
-        counts[r.status] = counts.get(r.status, 0) + 1
+        counts[str(r.status)] = counts.get(str(r.status), 0) + 1
     print(f"\ntotals: {counts}")
     if args.json:
         Path(args.json).write_text(json.dumps([r.to_dict() for r in results], indent=1))
