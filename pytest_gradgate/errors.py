@@ -31,12 +31,14 @@ class BuildError(GradgateError):
 
 
 class CaseError(GradgateError):
-    """A case declaration is invalid; carries where it was declared."""
+    """A case declaration is invalid; carries where it was declared (and, for an error in a
+    multi-line graph, which of its lines: the loader maps that to the file's line)."""
 
-    def __init__(self, message, path=None, line=None):
+    def __init__(self, message, path=None, line=None, graph_line=None):
         super().__init__(message)
         self.path = path
         self.line = line
+        self.graph_line = graph_line
 
     def __str__(self):
         where = ""

@@ -89,7 +89,7 @@ def parse_graph(graph):
             target, expr_text = head.strip(), tail
         elif i < len(raw) - 1:
             raise CaseError(f"graph line {i + 1} '{text.strip()}' must be 'name = expression' "
-                            "(only the last line may be a bare expression)")
+                            "(only the last line may be a bare expression)", graph_line=i + 1)
         lines.append(Line(target, parse_expression(expr_text), text.strip(), i))
     return lines
 

@@ -103,9 +103,10 @@ def walk(lines, leaves, apply):
         try:
             out = evaluate(line.expr)
         except CaseError as exc:
-            raise CaseError(f"graph line {line.index + 1} '{line.text}': {exc}") from None
+            raise CaseError(f"graph line {line.index + 1} '{line.text}': {exc}", graph_line=line.index + 1) from None
         if line.target in leaves:
-            raise CaseError(f"graph line {line.index + 1} rebinds '{line.target}', which is a param or input")
+            raise CaseError(f"graph line {line.index + 1} rebinds '{line.target}', which is a param or input",
+                            graph_line=line.index + 1)
         env[line.target] = out
     return out
 

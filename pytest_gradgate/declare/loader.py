@@ -61,7 +61,6 @@ def _graph_item_lines(node):
     return []
 
 
-GRAPH_LINE_RE = re.compile(r"^graph line (\d+) ")
 
 
 def load_file(path, session_backends=("cpu",), builtin=False, text=None):
@@ -260,10 +259,9 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
     except CaseError as exc:
         # point at the offending line of a multi-line graph, else at `graph:`
         where = at("graph")
-        found = GRAPH_LINE_RE.match(str(exc))
         item_lines = key_lines.get("graph lines") or []
-        if found and isinstance(raw["graph"], list) and int(found.group(1)) <= len(item_lines):
-            where = (path, item_lines[int(found.group(1)) - 1])
+        if exc.graph_line and isinstance(raw["graph"], list) and exc.graph_line <= len(item_lines):
+            where = (path, item_lines[exc.graph_line - 1])
         raise CaseError(str(exc), *where) from None
     for c in consumers:
         why = check_consumer(c, out_shape)

@@ -1,0 +1,70 @@
+"""What the pytest layer costs on top of the engine, for the built-in suite.
+
+    python bench/bench_gate.py [--ggml-src DIR] [--repeat 3]
+
+1. `pytest --gradgate` in one process, from an empty folder (cached build): its wall time,
+   from process start to exit, against the sum of its cases' own durations (the `duration`
+   of each case in the JSON report: the engine's work inside the child, isolation not
+   included). Goal: at most 1.3x.
+2. `pytest --gradgate -n 2` against the Runner alone on the same cases with 2 workers
+   (worker start-up and the first case included on both sides). Goal: at most 1.3x.
+Medians of --repeat runs. Both pytest figures include the interpreter's start, collection
+of the YAML files and every report; that is what a user waits for.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import bench_reference
+from pytest_gradgate.build.cmake import ensure_build
+from pytest_gradgate.build.options import BuildOptions
+from pytest_gradgate.build.source import resolve_source
+
+
+def pytest_run(folder, extra):
+    report = Path(folder) / "r.json"
+    cmd = [sys.executable, "-m", "pytest", "--gradgate", "-q", "-p", "no:cacheprovider", "--gradgate-json",
+           str(report), *extra]
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall = time.perf_counter() - started
+    if not report.is_file():
+        raise SystemExit(f"pytest --gradgate did not write its report (exit {proc.returncode}):\n{proc.stdout[-2000:]}")
+    cases = json.loads(report.read_text())["cases"]
+    return wall, sum(c.get("duration") or 0.0 for c in cases), len(cases), proc.returncode
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="bench/bench_gate.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ggml-src", metavar="DIR", help="ggml tree (default: the pinned default)")
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args(argv)
+    extra = [f"--gradgate-ggml-src={args.ggml_src}"] if args.ggml_src else []
+    source = resolve_source(args.ggml_src)
+    library = ensure_build(source.root, BuildOptions()).library
+    with tempfile.TemporaryDirectory(prefix="gradgate-bench-gate-") as folder:
+        pytest_run(folder, extra + ["-k", "dup and none"])   # warm caches
+        one = [pytest_run(folder, extra) for _ in range(args.repeat)]
+        two = [pytest_run(folder, extra + ["-n", "2"]) for _ in range(args.repeat)]
+    cases = bench_reference.suite_cases()
+    runner = [bench_reference.run_ours(cases, library, 2)[0] for _ in range(args.repeat)]
+    wall1 = statistics.median(r[0] for r in one)
+    durations = statistics.median(r[1] for r in one)
+    wall2 = statistics.median(r[0] for r in two)
+    alone = statistics.median(r["startup_s"] + r["wall_s"] for r in runner)
+    print(f"ggml {source.version} from {source.label}; {one[0][2]} cases; medians of {args.repeat}")
+    print(f"pytest --gradgate, one process: {wall1:.1f} s wall; the cases' own durations add up to {durations:.1f} s: "
+          f"{wall1 / durations:.2f}x (goal: at most 1.3x); exit {one[0][3]}")
+    print(f"pytest --gradgate -n 2: {wall2:.1f} s wall; the Runner alone, 2 workers, same cases: {alone:.1f} s: "
+          f"{wall2 / alone:.2f}x (goal: at most 1.3x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
