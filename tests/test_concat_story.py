@@ -1,6 +1,6 @@
 """The story of DESIGN.md, on real builds: a CONCAT backward that slices the incoming gradient
 with a view (buggy) or a contiguous copy of it (fixed), both patched into copies of the default
-ggml (variants.py). The gate catches the buggy one only through a non-contiguous consumer and a
+ggml (ggml_variants.py). The gate catches the buggy one only through a non-contiguous consumer and a
 loss a scramble cannot survive; the SUM loss of test-backend-ops is blind to it, and says so."""
 
 import pytest

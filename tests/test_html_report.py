@@ -220,7 +220,7 @@ def test_slices_follow_ggml_index_order():
     assert (pairs, total) == ([(1, 0)], 2)                 # the slice with the larger error
 
 
-def failed_build(case_id, values):
+def _failed(case_id, values):
     n = len(values)
     return {"case_id": case_id, "consumer": "transpose", "loss": "sqr", "backend": "cpu", "op": "concat",
             "status": "failed", "phase": "done", "maa": 1.0, "cosine": 0.0, "diagnosis": "scrambled",
@@ -232,7 +232,7 @@ def test_pictures_are_capped(monkeypatch):
     """Past MAX_CASES_WITH_PICTURES failed cases, the report keeps the numbers, draws nothing."""
     pytest.importorskip("matplotlib")
     monkeypatch.setattr(report_html, "MAX_CASES_WITH_PICTURES", 1)
-    text = report_html.render([failed_build("one", [1.0, 2.0, 3.0]), failed_build("two", [1.0, -1.0, 0.5])])
+    text = report_html.render([_failed("one", [1.0, 2.0, 3.0]), _failed("two", [1.0, -1.0, 0.5])])
     parser = ReportParser()
     parser.feed(text)
     assert [i["alt"] for i in parser.images] == ["a[:, :, 0, 0]"]

@@ -1,5 +1,5 @@
 """Crash isolation, tested with real deaths: a ggml variant whose SCALE kernel segfaults,
-hangs or allocates without bound on magic scale factors (variants.py, "deaths"), and
+hangs or allocates without bound on magic scale factors (ggml_variants.py, "deaths"), and
 ggml's own aborts on the default ggml. Each death must be one clear failed item while the
 other cases of the run pass, in every isolation mode, under pytest-xdist too.
 

@@ -1,5 +1,5 @@
 """`gradgate verify`: real builds of a ggml tree with and without a change, real pytest runs
-on both. The change is DESIGN.md's fix: concat-buggy -> concat-fixed (variants.py). The
+on both. The change is DESIGN.md's fix: concat-buggy -> concat-fixed (ggml_variants.py). The
 permute_0213_transpose/SQR case gates it; its SUM-loss twin cannot (the all-ones gradient of
 a SUM loss survives the scramble), which is why verify exits 1 when both are selected."""
 
