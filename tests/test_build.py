@@ -101,7 +101,7 @@ def test_gradgate_build_bad_source_is_one_line_and_a_usage_error(tmp_path):
                           text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [f"gradgate build: error: --ggml-src: ggml source '{tmp_path / 'nope'}' "
-                                        "does not exist (expected a ggml checkout or a llama.cpp checkout)"]
+                                        "does not exist (expected a ggml checkout or a llama.cpp checkout, or a pinned source: ggml-0.15.3, ggml-0.26.0)"]
 
 
 @pytest.mark.slow

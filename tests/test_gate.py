@@ -209,6 +209,23 @@ def test_default_ggml_is_green_with_the_shipped_baseline(pytester, default_build
 
 
 @pytest.mark.slow
+def test_the_newest_ggml_is_green_with_its_shipped_baseline(pytester, newest_ggml):
+    """The second pinned source, chosen by its short name: ggml 0.26.0 builds, runs the whole
+    built-in suite, and its known failures are exactly its shipped baseline."""
+    from pytest_gradgate.build.cmake import ensure_build
+    from pytest_gradgate.build.options import BuildOptions
+    ensure_build(newest_ggml, BuildOptions())     # built once per machine, outside the timed run
+    report = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess("--gradgate", "--gradgate-ggml-src", "ggml-0.26.0", "-p",
+                                           "no:cacheprovider", "-q", "--gradgate-json", str(report))
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    doc = json.loads(report.read_text())
+    assert doc["ggml"]["version"] == "0.26.0" and doc["baseline"].endswith("baseline_ggml-0.26.0.json")
+    known = {c["id"] for c in doc["cases"] if c["outcome"] == "xfailed"}
+    assert known == set(Baseline.load(doc["baseline"]).entries)
+
+
+@pytest.mark.slow
 def test_json_report_under_xdist_has_every_workers_cases(pytester, ggml_variant):
     root, _ = ggml_variant("concat-buggy")
     result = gate(pytester, root, "-n", "2", "--gradgate-json", "r.json")

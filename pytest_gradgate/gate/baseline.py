@@ -19,6 +19,11 @@ from pytest_gradgate.errors import GradgateError
 
 SCHEMA = 1
 DEFAULT_BASELINE = Path(__file__).parent / "baseline_default.json"
+
+
+def shipped_baseline(pinned):
+    """The known failures shipped for a pinned source (build/source.py PINNED)."""
+    return Path(__file__).parent / pinned.baseline
 FAILURE_STATUSES = ("failed", "crashed", "timeout", "error")
 STALE_TEXT = "fixed: remove it from the baseline"
 

@@ -35,7 +35,8 @@ class Setting:
 
 
 SETTINGS = [
-    Setting("ggml_src", "ggml source under test: a ggml or llama.cpp checkout (default: the pinned ggml 0.15.3)"),
+    Setting("ggml_src", "ggml source under test: a ggml or llama.cpp checkout, or a pinned source by name "
+            "(ggml-0.15.3, the default; ggml-0.26.0, the newest on PyPI)"),
     Setting("backend", "backend(s) to check on: cpu, cuda or all", "cpu", ("cpu", "cuda", "all")),
     Setting("build_type", "CMake build type of ggml; Debug turns ggml's assert()s on", "Release", BUILD_TYPES),
     Setting("cuda_arch", "CMAKE_CUDA_ARCHITECTURES for a CUDA build", "native"),

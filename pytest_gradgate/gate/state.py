@@ -115,11 +115,12 @@ class GateState:
 
     # -- baseline ------------------------------------------------------------------------
     def load_baseline(self):
-        """The baseline given, else the shipped one when the source is the pinned default."""
+        """The baseline given, else the shipped one when the source is a pinned one."""
         from pytest_gradgate.gate import baseline as baseline_file
         path = self.settings["baseline"]
-        if path is None and self.choose_source().origin == "default":
-            path = baseline_file.DEFAULT_BASELINE
+        pinned = self.choose_source().pinned
+        if path is None and pinned is not None:
+            path = baseline_file.shipped_baseline(pinned)
         if self.update_baseline and path is None:
             raise GradgateError("--gradgate-update-baseline: name the file to write with --gradgate-baseline FILE "
                                 "(or ini gradgate_baseline / env GRADGATE_BASELINE)")
