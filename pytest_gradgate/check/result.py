@@ -32,13 +32,14 @@ class Result:
     stderr_tail: str = ""
     duration: float = 0.0
     mode: str = "full"
+    threads: int = 1                 # CPU threads the analytic backward ran on
     origin: dict = field(default_factory=dict)
 
     @classmethod
     def for_case(cls, case):
         from pytest_gradgate.declare.expr import main_op, parse_graph
         return cls(case.id, case.name, case.consumer, case.loss, case.backend, op=main_op(parse_graph(case.graph)),
-                   max_maa=case.max_maa, mode=case.mode, origin=dict(case.origin))
+                   max_maa=case.max_maa, mode=case.mode, threads=case.threads, origin=dict(case.origin))
 
     def finish(self, status, phase, message=None, started=None):
         self.status = status

@@ -7,6 +7,11 @@ DEFAULT_EPS = 1e-1          # as test-backend-ops: inputs are O(1), so h = 0.1 k
 DEFAULT_MAX_MAA = 1e-4      # test-backend-ops' limit
 DEFAULT_STENCIL = 4         # 4-point: also yields the 2-point estimate, whose gap estimates the error
 DEFAULT_INIT = (-1.0, 1.0)
+# ggml's CPU kernels split rows between threads (ith/nth): the analytic backward runs on this
+# many, so a kernel that loses or doubles a row at a thread boundary disagrees with the finite
+# differences (whose forwards run on one thread). 3, not 2: with 3 threads a case of 3 or more
+# rows has a boundary inside every split that 2 threads would make, and more.
+DEFAULT_THREADS = 3
 
 
 @dataclass
@@ -26,6 +31,7 @@ class Case:
     mode: str = "full"                  # "full": every element; "fast": random directions
     directions: int = 6                 # fast mode: how many directions
     timeout: float = 0.0                # seconds; 0 = sized from the case by the runner
+    threads: int = DEFAULT_THREADS      # CPU threads of the analytic backward (forwards: one)
     builtin: bool = False               # from the built-in suite (no backward -> skip, not fail)
     origin: dict = field(default_factory=dict)   # {"path": ..., "line": ...}, for reports only
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from pytest_gradgate.declare.case import DEFAULT_EPS, DEFAULT_MAX_MAA, DEFAULT_STENCIL, Case
+from pytest_gradgate.declare.case import DEFAULT_EPS, DEFAULT_MAX_MAA, DEFAULT_STENCIL, DEFAULT_THREADS, Case
 from pytest_gradgate.ops.consumers import CONSUMERS, DEFAULT_CONSUMERS, check_consumer
 from pytest_gradgate.errors import CaseError
 from pytest_gradgate.declare.expr import parse_graph
@@ -36,6 +36,7 @@ CASE_KEYS = {
     "mode": "full (every element, default) or fast (random directions, for large tensors)",
     "directions": "fast mode: number of random directions (default 6)",
     "timeout": "seconds before the case is killed (default: sized to the case)",
+    "threads": f"CPU threads the analytic backward runs on (default {DEFAULT_THREADS}; forwards run on one)",
 }
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 BACKENDS = ("cpu", "cuda")
@@ -241,6 +242,7 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
     seed = _integer(raw.get("seed", 0), "seed", at("seed"))
     directions = _integer(raw.get("directions", 6), "directions", at("directions"), minimum=1)
     timeout = _number(raw["timeout"], "timeout", at("timeout")) if "timeout" in raw else 0.0
+    threads = _integer(raw.get("threads", DEFAULT_THREADS), "threads", at("threads"), minimum=1)
     init = raw.get("init") or {}
     if not isinstance(init, dict):
         raise CaseError(f"'init' must map param names to {INIT_HELP}", *at("init"))
@@ -251,7 +253,7 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
 
     template = Case(name=name, graph=raw["graph"], params=params, inputs=inputs, init=init,
                     eps=eps, stencil=stencil, max_maa=max_maa, seed=seed, mode=mode,
-                    directions=directions, timeout=timeout,
+                    directions=directions, timeout=timeout, threads=threads,
                     builtin=builtin, origin={"path": str(path), "line": line})
     try:
         parse_graph(raw["graph"])

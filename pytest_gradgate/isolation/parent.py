@@ -65,6 +65,10 @@ class Worker:
             env.pop("GGML_NO_BACKTRACE", None)
         else:
             env["GGML_NO_BACKTRACE"] = "1"
+        # glibc gives each thread that mallocs its own arena, reserving 64 MiB of address
+        # space apiece; --gradgate-max-memory caps address space (RLIMIT_AS), and the threads
+        # of a case's backward must not spend the cap on reservations
+        env.setdefault("MALLOC_ARENA_MAX", "1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pytest_gradgate.isolation.worker", str(library)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr_file,

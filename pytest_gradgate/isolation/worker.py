@@ -31,7 +31,10 @@ from pytest_gradgate.isolation.crash import STDERR_TAIL, Crash, stderr_excerpt
 # what a worker runs before its first fork (the first that passes on this ggml): every
 # phase, two params, a non-contiguous consumer if this ggml's backward copes with one
 # (ggml 0.15.3's does for ADD, and aborts for MUL, SUB, SQRT, ...)
-WARM_UP_CASES = [dict(name="warm-up", graph="add(a, b)", params={"a": [4, 3], "b": [4, 3]}, consumer=consumer)
+# One thread: a worker that ran a multi-threaded compute may hold an OpenMP thread team,
+# and a team does not survive fork (the children would hang in their first parallel region).
+WARM_UP_CASES = [dict(name="warm-up", graph="add(a, b)", params={"a": [4, 3], "b": [4, 3]}, consumer=consumer,
+                      threads=1)
                  for consumer in ("transpose", "none")]
 PR_SET_PDEATHSIG = 1
 PHASE_BOARD_BYTES = 64

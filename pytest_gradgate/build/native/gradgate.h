@@ -29,6 +29,7 @@ int gg_graph_n_nodes(struct ggml_cgraph * g);
 struct gg_session;
 struct gg_session * gg_session_new(const char * backend, int n_threads, char * err, size_t err_len);
 void gg_session_free(struct gg_session * s);
+void gg_session_set_n_threads(struct gg_session * s, int n_threads);
 const char * gg_session_backend_name(struct gg_session * s);
 /* first tensor of ctx the backend cannot run, or NULL */
 struct ggml_tensor * gg_session_first_unsupported(struct gg_session * s, struct ggml_context * ctx);

@@ -11,7 +11,7 @@
 
 #include "gradgate.h"
 
-#define GG_ABI_VERSION 1
+#define GG_ABI_VERSION 2
 
 int gg_abi_version(void) { return GG_ABI_VERSION; }
 
@@ -97,6 +97,13 @@ struct gg_session * gg_session_new(const char * backend, int n_threads, char * e
     struct gg_session * s = calloc(1, sizeof(*s));
     s->backend = b;
     return s;
+}
+
+void gg_session_set_n_threads(struct gg_session * s, int n_threads) {
+    // the CPU backend splits rows between threads; other backends ignore it
+    if (ggml_backend_is_cpu(s->backend)) {
+        ggml_backend_cpu_set_n_threads(s->backend, n_threads);
+    }
 }
 
 void gg_session_free(struct gg_session * s) {
