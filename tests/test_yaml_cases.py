@@ -281,3 +281,58 @@ def test_editors_find_the_schema_by_a_documented_line_and_an_id_that_resolves():
     assert line in (repo / "README.md").read_text()
     for builtin in ("cases.yaml", "cases_fast.yaml"):
         assert (PACKAGE / builtin).read_text().splitlines()[0] == line
+
+
+# -- parameter axes (vary) ---------------------------------------------------------------------
+
+VARY = """\
+cases:
+  - name: perm
+    params: {a: [2, 3, 4, 5]}
+    graph: permute(a, axes=$axes)
+    consumers: [none]
+    vary:
+      axes: [[0, 1, 3, 2], [3, 2, 1, 0]]
+  - name: mm
+    params: {a: [4, 3, $n2, $n3], b: [4, 5, 6, 2]}
+    graph: mul_mat(a, b)
+    consumers: [none]
+    vary: {n2: [1, 6], n3: [1, 2]}
+  - name: listed
+    params: {a: [4, 3]}
+    graph: $op(a)
+    consumers: [none]
+    vary: [{op: sqr}, {op: nope}, {op: sqrt}]
+"""
+
+
+def test_vary_expands_one_entry_into_named_cases(tmp_path):
+    """Before parameter axes, each point of an op's parameter space was a copy of the entry."""
+    path = tmp_path / "gradgate_vary.yaml"
+    path.write_text(VARY)
+    loaded, errors = load_file(path)
+    names = [entry.name for entry in loaded]
+    assert names == ["perm,axes=0-1-3-2", "perm,axes=3-2-1-0", "mm,n2=1,n3=1", "mm,n2=1,n3=2", "mm,n2=6,n3=1",
+                     "mm,n2=6,n3=2", "listed,op=sqr", "listed,op=sqrt"]
+    cases = {e.name: e.cases[0] for e in loaded}
+    assert cases["perm,axes=3-2-1-0"].graph == "permute(a, axes=[3, 2, 1, 0])"
+    assert cases["mm,n2=6,n3=1"].params["a"] == [4, 3, 6, 1]     # a whole "$n2" is the value itself
+    assert cases["mm,n2=6,n3=1"].id == "mm,n2=6,n3=1[none-sqr-cpu]"
+    # one bad combination is one error at its line, naming it; the others still load
+    assert len(errors) == 1 and errors[0].line == 15     # its graph: line
+    assert str(errors[0]).startswith(f"{path}:15: listed,op=nope: ") and "unknown op 'nope'" in str(errors[0])
+
+
+@pytest.mark.parametrize("vary, message", [
+    ("{n: []}", "vary: 'n' must be a non-empty list of values"),
+    ("[1, 2]", "'vary' must map names to lists of values"),
+    ("{n: [1, 2], m: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], k: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], j: [1, 2, 3, 4, 5]}",
+     "vary: 2 x 11 x 10 x 5 = 1100 combinations; at most 1000 per entry"),
+    ("{'bad name': [1]}", "vary: 'bad name' is not a name"),
+])
+def test_bad_vary_is_one_error_at_its_line(tmp_path, vary, message):
+    path = tmp_path / "gradgate_vary.yaml"
+    path.write_text(f"cases:\n  - name: x\n    params: {{a: [4, 3]}}\n    graph: sqr(a)\n    vary: {vary}\n")
+    loaded, errors = load_file(path)
+    assert loaded == [] and len(errors) == 1
+    assert str(errors[0]).startswith(f"{path}:5: {message}"), str(errors[0])

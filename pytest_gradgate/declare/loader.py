@@ -16,6 +16,7 @@ from pytest_gradgate.declare.case import DEFAULT_EPS, DEFAULT_MAX_MAA, DEFAULT_S
 from pytest_gradgate.ops.consumers import CONSUMERS, DEFAULT_CONSUMERS, check_consumer
 from pytest_gradgate.errors import CaseError
 from pytest_gradgate.declare.expr import parse_graph
+from pytest_gradgate.declare import vary
 from pytest_gradgate.declare.graph import infer_shapes
 from pytest_gradgate.ops.losses import LOSSES
 
@@ -37,8 +38,10 @@ CASE_KEYS = {
     "directions": "fast mode: number of random directions (default 6)",
     "timeout": "seconds before the case is killed (default: sized to the case)",
     "threads": f"CPU threads the analytic backward runs on (default {DEFAULT_THREADS}; forwards run on one)",
+    "vary": "parameter axes: name -> list of values (one case per combination); $name in the case's other "
+            "values is replaced (see pytest_gradgate/declare/vary.py)",
 }
-NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+NAME_RE = re.compile(r"^[A-Za-z0-9_.\-=,]+$")   # "=" and ",": the names vary.expand gives
 BACKENDS = ("cpu", "cuda")
 INPUT_KEYS = {"type", "values", "shape", "init"}
 
@@ -107,9 +110,20 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
             if name in seen:
                 raise CaseError(f"duplicate case name '{name}' (first declared on line {seen[name]})", path,
                                 key_lines.get("name", line))
-            cases = build_cases(merged, path, line, key_lines, session_backends, builtin)
+            variants = vary.expand(merged, (path, key_lines.get("vary", line)))
+            if variants == [merged]:
+                loaded.append(LoadedCase(name, path, line,
+                                         build_cases(merged, path, line, key_lines, session_backends, builtin)))
+                seen[name] = line
+                continue
             seen[name] = line
-            loaded.append(LoadedCase(name, path, line, cases))
+            for variant in variants:    # each combination of a `vary` entry loads (or fails) on its own
+                try:
+                    cases = build_cases(variant, path, line, key_lines, session_backends, builtin)
+                except CaseError as exc:
+                    errors.append(CaseError(f"{variant['name']}: {exc.args[0]}", exc.path or path, exc.line or line))
+                    continue
+                loaded.append(LoadedCase(variant["name"], path, line, cases))
         except CaseError as exc:
             if exc.path is None:
                 exc.path, exc.line = path, line

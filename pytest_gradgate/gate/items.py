@@ -35,8 +35,11 @@ class CaseFile(pytest.File):
                 if mode and case.mode != mode:
                     case = dataclasses.replace(case, mode=mode)
                 yield CaseItem.from_parent(self, name=f"{case.name}[{case.variant}]", case=case)
-        for err in errors:
-            yield InvalidCaseItem.from_parent(self, name=f"line{err.line or 0}[invalid]", error=err)
+        on_line = {}
+        for err in errors:      # one item per error; several on one line (a `vary` entry) get numbers
+            n = on_line[err.line] = on_line.get(err.line, 0) + 1
+            suffix = "" if n == 1 else f"-{n}"
+            yield InvalidCaseItem.from_parent(self, name=f"line{err.line or 0}[invalid{suffix}]", error=err)
 
 
 class CaseItem(pytest.Item):
