@@ -189,3 +189,14 @@ def test_the_suite_catches_the_concat_story(variant, ggml_variant):
         assert {cid for cid, r in results.items() if r.status == "passed"} == expect_pass
         assert all(r.status == "failed" for cid, r in results.items() if cid not in expect_pass)
         assert "right values at wrong positions" in results["concat_dim1[permute_0213_transpose-sqr-cpu]"].diagnosis
+
+
+@pytest.mark.parametrize("baseline", ["baseline_default.json", "baseline_ggml-0.26.0.json"])
+def test_the_mul_mat_ne3_broadcast_is_an_item_and_a_known_upstream_gap(baseline):
+    """The parameter axes make MUL_MAT's broadcast over ne3 an item of the built-in suite; ggml
+    aborts on it (0.15.3 and 0.26.0 alike), so both shipped baselines record the crash."""
+    entries = json.loads((Path(pytest_gradgate.__file__).parent / "gate" / baseline).read_text())["entries"]
+    broadcast = {k: v for k, v in entries.items() if k.startswith("mul_mat_broadcast,n2=6,n3=1[")}
+    assert broadcast, f"{baseline} has no mul_mat ne3 broadcast item"
+    for entry in broadcast.values():
+        assert entry["status"] == "crashed" and "GGML_ASSERT(tmp->ne[3] == 1)" in entry["reason"]
