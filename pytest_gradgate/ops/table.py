@@ -390,5 +390,28 @@ def _pad_shape(s, p):
 op("pad", "PAD", ["a"], _pad_shape,
    lambda g, t, p: g.lib.ggml_pad(g.ctx, t["a"], p["p0"], p["p1"], p["p2"], p["p3"]),
    [Param("p0", int, 0), Param("p1", int, 0), Param("p2", int, 0), Param("p3", int, 0)])
+
+
+def _win_part_shape(s, p):
+    a, w = s["a"], p["w"]
+    if a[3] != 1 or w < 1:
+        raise ShapeError(f"win_part: a's ne3 must be 1 and w >= 1, got a {list(a)}, w {w}")
+    npx, npy = -(-a[1] // w), -(-a[2] // w)     # windows per row and column, the last padded
+    return (a[0], w, w, npx * npy)
+
+
+def _win_unpart_shape(s, p):
+    a, w, w0, h0 = s["a"], p["w"], p["w0"], p["h0"]
+    if a[1] != w or a[2] != w or a[3] != -(-w0 // w) * -(-h0 // w):
+        raise ShapeError(f"win_unpart: a must be [ne0, w, w, windows of a {w0}x{h0} image], got {list(a)}")
+    return (a[0], w0, h0, 1)
+
+
+# SAM's window partition; ggml's backward of both falls into the UNARY case (no backward of its own)
+op("win_part", "WIN_PART", ["a"], _win_part_shape, lambda g, t, p: g.lib.ggml_win_part(g.ctx, t["a"], p["w"]),
+   [Param("w", int, required=True)])
+op("win_unpart", "WIN_UNPART", ["a"], _win_unpart_shape,
+   lambda g, t, p: g.lib.ggml_win_unpart(g.ctx, t["a"], p["w0"], p["h0"], p["w"]),
+   [Param("w0", int, required=True), Param("h0", int, required=True), Param("w", int, required=True)])
 op("clamp", "CLAMP", ["a"], _same, lambda g, t, p: g.lib.ggml_clamp(g.ctx, t["a"], p["min"], p["max"]),
    [Param("min", float, -1.0), Param("max", float, 1.0)])
