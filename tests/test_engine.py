@@ -117,6 +117,26 @@ def test_power_sqr_loss_has_it_sum_loss_on_a_linear_op_is_blind(lib):
     assert blind.diagnosis.startswith("blind") and blind.blind_params == ["a"]
 
 
+def test_power_is_measured_at_the_ops_incoming_gradient(lib):
+    """silu through transpose: SILU's CPU backward ignores the strides of its incoming gradient.
+    With loss sqr that gradient (2z) varies and the case fails; with loss sum it is all ones, any
+    read of it gives the same ones, and the case passes: it must say blind. Before power was taken
+    at the incoming gradient (it scrambled the *parameter* gradient, which varies with silu'), the
+    SUM case passed with power=True."""
+    blind = run_case(case("silu(a)", {"a": [4, 3, 2]}, consumer="transpose", loss="sum"), lib)
+    assert blind.status == "passed" and blind.power is False and blind.kind == "blind"
+    assert blind.blind_params == ["a"] and set(blind.power_scrambles) == {"transposed", "permuted", "shifted",
+                                                                          "reversed"}
+    sqr = run_case(case("silu(a)", {"a": [4, 3, 2]}, consumer="transpose", loss="sqr"), lib)
+    assert sqr.status == "failed" and sqr.power is True
+    assert all(maa["a"] > 0.1 for maa in sqr.power_scrambles.values())
+
+
+def test_a_one_element_output_has_no_other_positions_to_read(lib):
+    r = run_case(case("sum(a)", {"a": [4, 3]}, loss="sum"), lib)
+    assert r.status == "passed" and r.power is True and r.power_scrambles == {}
+
+
 def test_add1_backward_is_a_real_wrong_scale_in_this_ggml(lib, runner):
     """ggml 0.15.3's ADD1 backward gives b `ggml_mean(grad)` ("TODO: should probably be sum"): for a
     one-row a that is the true gradient / ne0; for more rows its shape is wrong and it aborts."""
@@ -186,3 +206,37 @@ def test_a_real_wrong_backward_is_caught_and_named(wrong_backward_runner, lib, c
     r = wrong_backward_runner.run(c)
     assert r.status == "failed" and r.maa > 0.1
     assert r.diagnosis.startswith(diagnosis)
+
+
+def test_a_sign_bug_in_one_of_two_params_is_that_params_wrong_sign(run_on):
+    """SUB's backward adding b's gradient instead of subtracting it: b's gradient is exactly -true.
+    Before the diagnosis went per param first, the joint look over a and b (a = true next to
+    b = -true) called it "b: right values at wrong positions ... (cosine 0.000) (across params a, b)"."""
+    r = run_on("sub-sign", case("sub(a, b)", {"a": [4, 3], "b": [4, 3]}))
+    assert r.status == "failed" and r.kind == "wrong-sign"
+    assert r.diagnosis == "b: wrong sign: analytic = -numeric"
+    assert [p["passed"] for p in r.params] == [True, False]
+
+
+# ---------------------------------------------------------------- the harness checks its consumers
+
+@pytest.mark.parametrize("graph, params", [("dup(a)", {"a": [4, 3]}), ("add(a, b)", {"a": [4, 3], "b": [4, 3]}),
+                                           ("mul_mat(a, b)", {"a": [4, 3], "b": [4, 5]})])
+def test_a_consumer_that_aborts_on_its_own_is_the_consumers_failure(runner, graph, params):
+    """ggml 0.15.3's VIEW backward accumulates the transposed gradient of `transpose_view_gap` with
+    ACC, whose CPU kernel asserts nb10 == sizeof(float): it aborts whatever op comes before. Before
+    the consumer check, each of these was "crashed ... ggml aborted in phase compute" against the op."""
+    r = runner.run(case(graph, params, consumer="transpose_view_gap"))
+    assert r.status == "consumer-failed" and r.phase == "consumer-check" and r.kind == "consumer-fails"
+    assert r.diagnosis.startswith("consumer 'transpose_view_gap' fails on its own in this ggml")
+    assert "GGML_ASSERT(nb10 == sizeof(float))" in r.diagnosis
+    # the same ops through a consumer that works are checked, and pass
+    assert runner.run(case(graph, params, consumer="transpose")).status == "passed"
+
+
+def test_a_consumer_fails_on_its_own_after_a_view_only(runner):
+    """view_gap's VIEW backward zeroes its source with SCALE, which asserts a padded row: it aborts
+    when the op's output is a view (transpose), and carries the gradient of a plain op (silu)."""
+    r = runner.run(case("transpose(a)", {"a": [4, 3]}, consumer="view_gap"))
+    assert r.status == "consumer-failed" and "GGML_ASSERT(ggml_is_padded_1d(a))" in r.diagnosis
+    assert runner.run(case("silu(a)", {"a": [4, 3]}, consumer="view_gap")).status == "passed"

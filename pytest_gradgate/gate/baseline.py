@@ -19,7 +19,7 @@ from pytest_gradgate.errors import GradgateError
 
 SCHEMA = 1
 DEFAULT_BASELINE = Path(__file__).parent / "baseline_default.json"
-FAILURE_STATUSES = ("failed", "crashed", "timeout", "error")
+FAILURE_STATUSES = ("failed", "crashed", "timeout", "error", "consumer-failed")
 STALE_TEXT = "fixed: remove it from the baseline"
 
 # ggml's abort lines carry the absolute path it was compiled from; keep only the part
