@@ -281,3 +281,11 @@ def test_editors_find_the_schema_by_a_documented_line_and_an_id_that_resolves():
     assert line in (repo / "README.md").read_text()
     for builtin in ("cases.yaml", "cases_fast.yaml"):
         assert (PACKAGE / builtin).read_text().splitlines()[0] == line
+
+
+def test_yaml_spellings_of_booleans_are_booleans_in_an_expression():
+    """`is_2d=false` was an unknown name 'false' (only Python's False was accepted)."""
+    from pytest_gradgate.declare.expr import parse_expression
+    call = parse_expression("im2col(kernel, a, is_2d=false, s0=1)")
+    assert dict(call.kwargs) == {"is_2d": False, "s0": 1}
+    assert dict(parse_expression("f(a, x=true, y=null)").kwargs) == {"x": True, "y": None}

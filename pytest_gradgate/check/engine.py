@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from pytest_gradgate.build import binding
-from pytest_gradgate.check import directional, metrics, power, selfcheck
+from pytest_gradgate.check import directional, metrics, power, reliability, selfcheck
 from pytest_gradgate.ops.consumers import CONSUMERS
 from pytest_gradgate.declare.expr import main_op, parse_graph
 from pytest_gradgate.declare.graph import input_shape, walk
@@ -241,7 +241,19 @@ def _numeric(g, session, gf, t, loss, case, analytic, loss_scale):
     _check_status(st)
     numeric = (4 * g_half - g_h) / 3 if precise else g_h
     noise = metrics.numeric_noise(loss_scale, h, g_h, numeric if precise else None)
-    return {"analytic": analytic, "numeric": numeric, "noise": noise}
+
+    def halved():
+        """The same estimate with half the step (asked only before a failure is blamed)."""
+        other = np.empty(n)
+        if precise:     # the h/2 half of the 4-point stencil is g_half: only h/4 is new
+            _check_status(lib.gg_numeric_grad(session, gf, t, loss, h / 2, ffi.from_buffer("double[]", np.empty(n)),
+                                              ffi.from_buffer("double[]", other)))
+            return (4 * other - g_half) / 3
+        _check_status(lib.gg_numeric_grad(session, gf, t, loss, h / 2, ffi.from_buffer("double[]", other), ffi.NULL))
+        return other
+    roundoff = metrics.numeric_noise(loss_scale, h / 2, np.zeros(1), np.zeros(1) if precise else None)[0]
+    return {"analytic": analytic, "numeric": numeric, "noise": noise, "halved": halved, "roundoff": roundoff,
+            "gap": np.abs(numeric - g_h), "values": read_tensor(g, t)}
 
 
 def _check_status(st):
@@ -250,7 +262,7 @@ def _check_status(st):
 
 
 def _compare(result, case, checks, predictions):
-    failed = []
+    failed, unreliable, inconclusive = [], [], []
     if predictions is None:
         param_power, detail, uncaught = {name: False for name in checks}, {}, None
     else:
@@ -266,6 +278,27 @@ def _compare(result, case, checks, predictions):
         m["name"] = name
         m["shape"] = ne
         m.update(c.get("report", {}))   # fast mode: how the directions were taken, the located elements
+        if not m["passed"] and "halved" in c:
+            # before the backward is blamed: are the finite differences evidence at these elements?
+            shaky = reliability.halved_step_disagrees(c["numeric"], c["halved"](), c["gap"], c["roundoff"],
+                                                      case.max_maa)
+            if shaky.any():
+                m["numeric_unreliable"] = int(shaky.sum())
+                ok, _ = reliability.reliable_part_passes(c["analytic"], c["numeric"], c["noise"], shaky, case.max_maa)
+                if ok:
+                    m["diagnosis_kind"] = str(Diagnosis.NUMERIC_UNRELIABLE)
+                    m["diagnosis"] = reliability.advice(name, c["values"], shaky, float(case.eps), shape_ne)
+                    unreliable.append(name)
+                    result.params.append(m)
+                    continue
+        if case.mode == "fast":
+            lacking = directional.lacks_evidence(m, case)
+            if lacking and (m["passed"] or (c.get("diagnosis") or ("",))[0] is Diagnosis.SAMPLE_AGREES):
+                # a pass needs evidence, and so does a failure: neither is claimed without it
+                m["diagnosis_kind"], m["diagnosis"] = str(Diagnosis.INCONCLUSIVE), f"{name}: {lacking}"
+                inconclusive.append(name)
+                result.params.append(m)
+                continue
         if not m["passed"]:
             kind, m["diagnosis"] = c.get("diagnosis") or metrics.diagnose(c["analytic"], c["numeric"], c["noise"],
                                                                           m, case.max_maa)
@@ -281,6 +314,16 @@ def _compare(result, case, checks, predictions):
     result.maa, result.cosine = worst["maa"], worst["cosine"]
     result.limit = worst.get("limit", case.max_maa)
     result.n_compared = sum(m.get("n_compared", 0) for m in result.params)
+    if not failed and inconclusive:
+        result.status, result.kind = Status.INCONCLUSIVE, Diagnosis.INCONCLUSIVE
+        result.diagnosis = "; ".join(m["diagnosis"] for m in result.params if m["name"] in inconclusive)
+        result.message = f"{case.id}: inconclusive: {result.diagnosis}"
+        return
+    if not failed and unreliable:
+        result.status, result.kind = Status.NUMERIC_UNRELIABLE, Diagnosis.NUMERIC_UNRELIABLE
+        result.diagnosis = "; ".join(m["diagnosis"] for m in result.params if m["name"] in unreliable)
+        result.message = f"{case.id}: {result.diagnosis}"
+        return
     if not failed:
         result.status = Status.PASSED
         if not result.power:
@@ -294,7 +337,7 @@ def _compare(result, case, checks, predictions):
                                 f"this case too: {why}")
         return
     result.status = Status.FAILED
-    first = next(m for m in result.params if not m["passed"])
+    first = next(m for m in result.params if m["name"] in failed)
     kind, diagnosis = Diagnosis(first["diagnosis_kind"]), first["diagnosis"]
     if case.mode == "full" and len(checks) > 1 and kind is Diagnosis.DISAGREE:
         # per param first: a joint look is asked only when a param's own values say nothing

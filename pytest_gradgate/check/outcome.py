@@ -22,6 +22,12 @@ class Status(_Word):
     # the case's consumer cannot carry a gradient in this ggml even with no op before it
     # (check/selfcheck.py): nothing is known about the op, and the op is not blamed
     CONSUMER_FAILED = "consumer-failed"
+    # the comparison disagreed only where the finite differences are not evidence (a step
+    # across a kink, pole or jump, check/reliability.py): the backward is not blamed
+    NUMERIC_UNRELIABLE = "numeric-unreliable"
+    # fast mode: the directions compared are no evidence either way (too few, or noise
+    # dominates the limit, or they disagree where no sampled element does)
+    INCONCLUSIVE = "inconclusive"
 
 
 # statuses that make a case red (and that a baseline may record as known)
@@ -57,6 +63,8 @@ class Diagnosis(_Word):
     DIED = "died"                         # died without a ggml message
     HUNG = "hung"
     CONSUMER_FAILS = "consumer-fails"     # the consumer's own backward aborts or is wrong
+    NUMERIC_UNRELIABLE = "numeric-unreliable"   # the finite differences are not evidence here
+    INCONCLUSIVE = "inconclusive"         # fast mode: too little evidence to pass or to fail
     BROKEN_BUILD = "broken-build"         # the worker cannot load the library: no case can run
     WORKER_START = "worker-start"         # the worker could not start
 
