@@ -265,7 +265,7 @@ def _case_section(index, r, draw=True):
         out.append(f'<p class="diagnosis">diagnosis: {_e(r["diagnosis"])}</p>')
     if r.get("message") and r.get("message") != r.get("diagnosis"):
         out.append(f'<p class="message">{_e(r["message"])}</p>')
-    if status in ("crashed", "timeout", "error"):
+    if status in ("crashed", "timeout", "error", "consumer-failed"):
         if r.get("signal"):
             out.append(f'<p class="signal">signal: {_e(r["signal"])}</p>')
         tail = r.get("stderr_tail") or ""
