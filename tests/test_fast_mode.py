@@ -33,6 +33,8 @@ def test_fast_mode_flags_the_buggy_concat_at_attention_size_and_locates_it(run_o
     assert bad["located"]["n_mismatched"] > 0 and bad["worst"], bad
     assert len(bad["worst"][0]["index"]) == 4
     assert "right values at wrong positions" in r.diagnosis, r.diagnosis
+    # and it names the directions behind the failure
+    assert bad["disagreeing_directions"] and f"of {6} disagree" in r.diagnosis
 
 
 @pytest.mark.slow

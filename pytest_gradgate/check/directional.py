@@ -147,10 +147,15 @@ def check(g, session, gf, t, loss, case, analytic, loss_scale):
     out = {"analytic": projected, "numeric": numeric, "noise": noise, "report": report,
            "project": lambda values: dirs.astype(np.float64) @ values}
     if not metrics.compare(projected, numeric, noise, case.max_maa)["passed"]:
-        located, diagnosis = locate(g, session, gf, t, loss, case, analytic, loss_scale, forward_s * points)
+        located, (kind, text) = locate(g, session, gf, t, loss, case, analytic, loss_scale, forward_s * points)
+        # the evidence behind the failure: which directions disagree, and (located) which elements
+        err = np.abs(projected - numeric)
+        off = np.flatnonzero(err > metrics.NOISE_FACTOR * noise + case.max_maa * np.abs(projected + numeric))
+        report["disagreeing_directions"] = [int(i) for i in off]
         report["located"] = located
         report["worst"] = located["worst"]
-        out["diagnosis"] = diagnosis
+        out["diagnosis"] = (kind, f"{text}; directions {', '.join(map(str, off.tolist())) or '-'} of "
+                                  f"{int(case.directions)} disagree")
     return out
 
 
