@@ -164,6 +164,14 @@ def test_no_backward_is_reported_as_such(runner):
     assert r.diagnosis == "no backward for REGLU in this ggml"
 
 
+def test_the_fused_swiglu_abort_is_no_backward(runner):
+    """ggml has a backward for swiglu_split only; the fused one aborts in an assert whose text says so.
+    It was reported as a crash ("ggml aborted in phase build-backward: ... GGML_ASSERT(src1 && ...)")."""
+    r = runner.run(case("swiglu(a)", {"a": [4, 3, 2]}))
+    assert r.status == "crashed" and r.phase == "build-backward" and r.no_backward
+    assert r.diagnosis == "no backward for fused SWIGLU in this ggml"
+
+
 def test_crash_in_compute_names_ggmls_assertion(runner):
     """SQRT's backward divides the incoming gradient (src0 of DIV); the CPU DIV kernel asserts a
     contiguous src0, so a transposed incoming gradient aborts the backward compute."""
