@@ -30,6 +30,9 @@ def test_maa_of_a_real_failure_is_test_backend_ops_mean_abs_asymm(lib):
     assert p["excluded"] == {} and p["n_compared"] == 24
     assert r.maa == pytest.approx(mean_abs_asymm(p["numeric_values"], p["analytic_values"]), rel=1e-5)
     assert "consumer 'transpose'" in r.diagnosis       # says where to look
+    # the failure text says the diagnosis once (it was also repeated at the end of the message line)
+    from pytest_gradgate.report.text import format_result
+    assert format_result(r).count(r.diagnosis.split(": ", 1)[1]) == 1
     assert run_case(case("silu(a)", {"a": [4, 3, 2]}), lib).status == "passed"
 
 
