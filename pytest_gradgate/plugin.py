@@ -208,7 +208,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for r in failed:
             terminalreporter.write_line(f"{r['case_id']}: {outputs.one_line(r)}")
     if blind:
-        terminalreporter.write_sep("-", "gradgate blind cases (a scrambled gradient would pass them)")
+        terminalreporter.write_sep("-", "gradgate blind cases (a backward reading its incoming gradient from other positions would pass them)")
         for r in blind:
             terminalreporter.write_line(f"{r['case_id']}: {r.get('diagnosis')}")
     written = getattr(state, "html_report", None)

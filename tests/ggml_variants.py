@@ -2,8 +2,8 @@
 
 Used by the tests, the benchmark and the HTML demo to put a known bug into a real ggml
 (or take one out) instead of imitating ggml in Python. Each patch inserts code we wrote
-before a one-line anchor (a `case GGML_OP_...:` label) in src/ggml.c, or (deaths) after
-a one-line anchor in the CPU SCALE kernel.
+before a one-line anchor (a `case GGML_OP_...:` label) in src/ggml.c, replaces one line
+(sub-sign), or (deaths) goes after a one-line anchor in the CPU SCALE kernel.
 """
 
 from pathlib import Path
@@ -74,7 +74,12 @@ _THREAD_BOUNDARY_CODE = """\
     for (int i1 = ir0; i1 < ir1_short; i1++) {
         ggml_vec_silu_backward_f32(nc,
 """
-VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary")
+# The "sub-sign" variant: SUB's backward adds b's gradient instead of subtracting it (the
+# kind of sign bug RELU's backward once had). a's gradient stays right, b's is exactly -true.
+SUB_SIGN_ANCHOR = "                ggml_sub_or_set(ctx, cgraph, isrc1, grad);\n"
+_SUB_SIGN_CODE = "                ggml_add_or_set(ctx, cgraph, isrc1, grad); // pytest-gradgate's sub-sign test variant\n"
+
+VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "sub-sign")
 
 
 class PatchError(Exception):
@@ -104,7 +109,9 @@ def make_variant(ggml_root, dest, name):
     if name not in VARIANTS:
         raise PatchError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
     dest = copy_tree(ggml_root, dest)
-    if name == "deaths":
+    if name == "sub-sign":
+        replace_once(dest / "src" / "ggml.c", SUB_SIGN_ANCHOR, _SUB_SIGN_CODE)
+    elif name == "deaths":
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", DEATHS_ANCHOR, DEATHS_ANCHOR + _DEATHS_CODE)
     elif name == "thread-boundary":
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", THREAD_BOUNDARY_ANCHOR, _THREAD_BOUNDARY_CODE)

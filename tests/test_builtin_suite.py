@@ -130,10 +130,13 @@ def test_every_item_ends_passed_failed_with_a_diagnosis_or_skipped_with_a_reason
             assert result["diagnosis"] and result["diagnosis"] in r["text"], r["nodeid"]
         else:
             assert r["outcome"] == "skipped", r["nodeid"]
-            # an op without a backward in this ggml, or a backward op this backend cannot run
-            # (ggml 0.15.3's CPU SOFT_MAX_BACK has no max_bias): nothing was checked, and it says why
-            assert r["reason"].startswith(("Skipped: no backward for ", "Skipped: backend cpu does not support ")), \
-                (r["nodeid"], r["reason"])
+            # no backward for the op, a backward op this backend cannot run (ggml 0.15.3's CPU
+            # SOFT_MAX_BACK has no max_bias), or a consumer that cannot carry a gradient in this
+            # ggml: nothing was checked, and it says why
+            assert r["reason"].startswith(("Skipped: no backward for ", "Skipped: backend cpu does not support ",
+                                           "Skipped: consumer '")), (r["nodeid"], r["reason"])
+            if result["status"] == "consumer-failed":
+                assert result["kind"] == "consumer-fails" and "fails on its own" in r["reason"], r["nodeid"]
 
 
 def test_every_case_that_ran_has_power(suite_reports):

@@ -206,6 +206,11 @@ def test_default_ggml_is_green_with_the_shipped_baseline(pytester, default_build
     shipped = Baseline.load(doc["baseline"])
     known = {c["id"] for c in doc["cases"] if c["outcome"] == "xfailed"}
     assert known == set(shipped.entries)
+    # crashes are counted apart from wrong gradients (the summary, by pytest outcome, folds them
+    # together); consumers that fail on their own are neither
+    statuses = doc["statuses"]
+    assert statuses["crashed"] > 0 and statuses["failed"] > 0 and statuses["consumer-failed"] == 6
+    assert sum(statuses.values()) == sum(doc["summary"].values()) == len(doc["cases"])
 
 
 @pytest.mark.slow

@@ -336,3 +336,11 @@ def test_bad_vary_is_one_error_at_its_line(tmp_path, vary, message):
     loaded, errors = load_file(path)
     assert loaded == [] and len(errors) == 1
     assert str(errors[0]).startswith(f"{path}:5: {message}"), str(errors[0])
+
+
+def test_yaml_spellings_of_booleans_are_booleans_in_an_expression():
+    """`is_2d=false` was an unknown name 'false' (only Python's False was accepted)."""
+    from pytest_gradgate.declare.expr import parse_expression
+    call = parse_expression("im2col(kernel, a, is_2d=false, s0=1)")
+    assert dict(call.kwargs) == {"is_2d": False, "s0": 1}
+    assert dict(parse_expression("f(a, x=true, y=null)").kwargs) == {"x": True, "y": None}

@@ -115,7 +115,7 @@ def _with_chosen_step(compute, h, loss_scale, signal, target, growth_max=None):
 
 def check(g, session, gf, t, loss, case, analytic, loss_scale):
     """Directional check of one param. Returns what engine._compare reads: analytic and
-    numeric projections, their noise, the power, and when it fails, the located elements."""
+    numeric projections, their noise, how to project a gradient on the directions, and when it fails, the located elements."""
     n = analytic.size
     points = 4   # always both steps: the gap between them is what the step choice is judged by
     dirs = rademacher(case.seed, case.directions, n)
@@ -133,24 +133,58 @@ def check(g, session, gf, t, loss, case, analytic, loss_scale):
     numeric, noise, steps = _with_chosen_step(along, float(case.eps), loss_scale, np.abs(projected), target)
     forward_s = (time.perf_counter() - started) / max(calls["forwards"], 1)
 
-    power = True
-    for scrambled in (metrics.scramble(analytic, case.seed + 1234), analytic[::-1]):
-        if metrics.compare(dirs.astype(np.float64) @ scrambled, numeric, noise, case.max_maa)["passed"]:
-            power = False
     # "worst" of the projections would name direction numbers, not elements: filled only by locate()
     report = {"worst": [], "fast": {"directions": int(case.directions), "kind": "rademacher",
                                     "steps": [float(s) for s in steps], "forward_passes": calls["forwards"],
                                     # the numeric side's own error bound, relative: what the step choice keeps small
                                     "relative_error_bound": float(np.max(noise) / max(np.sqrt(np.mean(numeric ** 2)),
                                                                                       metrics.TINY)),
-                                    "forward_ms": round(forward_s * 1e3, 3)}}
-    out = {"analytic": projected, "numeric": numeric, "noise": noise, "power": power, "report": report}
+                                    "forward_ms": round(forward_s * 1e3, 3),
+                                    # which error is large, for what would settle an inconclusive case
+                                    "noise_max": float(np.max(noise)),
+                                    "roundoff": roundoff(loss_scale, float(case.eps))}}
+    # the power probe's parameter gradients are compared along the same directions
+    out = {"analytic": projected, "numeric": numeric, "noise": noise, "report": report,
+           "project": lambda values: dirs.astype(np.float64) @ values}
     if not metrics.compare(projected, numeric, noise, case.max_maa)["passed"]:
-        located, diagnosis = locate(g, session, gf, t, loss, case, analytic, loss_scale, forward_s * points)
+        located, (kind, text) = locate(g, session, gf, t, loss, case, analytic, loss_scale, forward_s * points)
+        # the evidence behind the failure: which directions disagree, and (located) which elements
+        err = np.abs(projected - numeric)
+        off = np.flatnonzero(err > metrics.NOISE_FACTOR * noise + case.max_maa * np.abs(projected + numeric))
+        report["disagreeing_directions"] = [int(i) for i in off]
         report["located"] = located
         report["worst"] = located["worst"]
-        out["diagnosis"] = diagnosis
+        out["diagnosis"] = (kind, f"{text}; directions {', '.join(map(str, off.tolist())) or '-'} of "
+                                  f"{int(case.directions)} disagree")
     return out
+
+
+MIN_DIRECTIONS_COMPARED = 4   # fewer is not evidence: one or two directions can agree by chance
+NOISE_DOMINATES = 10.0        # a limit above 10 x max_maa from numeric noise alone passes real bugs
+
+
+def lacks_evidence(m, case):
+    """Why the comparison of the directions is no evidence either way, or "" when it is.
+
+    Evidence needs enough directions compared (a direction where both sides are zero within
+    the numeric noise is left out) and a limit that the numeric side's own error does not
+    dominate (noise_maa far above max_maa: the comparison would pass a gradient wrong by that
+    much). What would settle it depends on which error is large: truncation (the step leaves the
+    range where the loss is near quadratic in the param) wants a smaller eps, roundoff a longer
+    one or more directions."""
+    fast = m.get("fast") or {}
+    if fast.get("noise_max", 0.0) > 2 * fast.get("roundoff", 0.0):
+        fix = "a smaller eps (the numeric error is truncation: the step is too long for this param)"
+    else:
+        fix = f"a longer eps or more directions (directions: {2 * int(case.directions)})"
+    settle = f"{fix}, or this case in full mode on a smaller shape, would settle it"
+    if m["n_compared"] < MIN_DIRECTIONS_COMPARED:
+        return (f"only {m['n_compared']} of {int(case.directions)} directions compared (the others are zero within "
+                f"the numeric noise); {settle}")
+    if m.get("noise_maa", 0.0) > NOISE_DOMINATES * case.max_maa:
+        return (f"the numeric side's own error dominates the limit (limit {m['limit']:.3g}, of which "
+                f"{m['noise_maa']:.3g} is numeric noise, against max_maa {case.max_maa:g}); {settle}")
+    return ""
 
 
 def locate(g, session, gf, t, loss, case, analytic, loss_scale, seconds_per_element):

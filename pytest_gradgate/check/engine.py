@@ -11,13 +11,13 @@ import time
 import numpy as np
 
 from pytest_gradgate.build import binding
-from pytest_gradgate.check import directional, metrics
+from pytest_gradgate.check import directional, metrics, power, reliability, selfcheck
 from pytest_gradgate.ops.consumers import CONSUMERS
 from pytest_gradgate.declare.expr import main_op, parse_graph
 from pytest_gradgate.declare.graph import input_shape, walk
 from pytest_gradgate.ops.losses import LOSSES
 from pytest_gradgate.ops.table import ne4
-from pytest_gradgate.check.outcome import POSITIONAL_OR_UNTRUSTED, STRIDE_SUSPECTS, Diagnosis, Phase, Status
+from pytest_gradgate.check.outcome import STRIDE_SUSPECTS, Diagnosis, Phase, Status
 from pytest_gradgate.check.result import Result
 
 GRAPH_SIZE = 4096
@@ -111,7 +111,8 @@ def run_case(case, lib, phase=lambda name: None):
     result.op = main_op(lines)
 
     phase(Phase.BUILD_FORWARD)
-    g = GraphBuilder(lib, case, n_tensors=64 + 32 * len(lines))
+    # room for the case's graphs and the power probe's second backward over the same nodes
+    g = GraphBuilder(lib, case, n_tensors=128 + 64 * len(lines))
     session = None
     try:
         leaves, params = {}, {}
@@ -135,10 +136,20 @@ def run_case(case, lib, phase=lambda name: None):
         z = g.contiguous(CONSUMERS[case.consumer].build(g, y))
         loss = LOSSES[case.loss].build(g, z)
 
+        if case.consumer != "none":
+            # before the op is blamed for anything: can the consumer carry a gradient at all here?
+            phase(Phase.CONSUMER_CHECK)
+            why = selfcheck.check(case, lib, g.layout(y), case.threads)
+            if why is not None:
+                result.kind = Diagnosis.CONSUMER_FAILS
+                result.diagnosis = selfcheck.failure_text(case.consumer, why)
+                return result.finish(Status.CONSUMER_FAILED, Phase.CONSUMER_CHECK, started=started)
+
         phase(Phase.BUILD_BACKWARD)
         gf = lib.gg_graph_forward(g.ctx, loss, GRAPH_SIZE)
         gb = lib.gg_graph_backward(g.ctx, gf, GRAPH_SIZE)
         grads = {name: lib.ggml_graph_get_grad(gb, t) for name, t in params.items()}
+        probe = _PowerProbe(g, y, gb, params)
 
         phase(Phase.COMPUTE)
         err = g.ffi.new("char[256]")
@@ -175,13 +186,46 @@ def run_case(case, lib, phase=lambda name: None):
             checks[name] = _numeric(g, session, gf, t, loss, case, analytic[name], loss_scale)
 
         phase(Phase.COMPARE)
-        _compare(result, case, checks)
+        predictions = probe.predictions(session)
+        _compare(result, case, checks, predictions)
         result.loss_value = loss_value
         return result.finish(result.status, Phase.DONE, started=started)
     finally:
         if session is not None and session != g.ffi.NULL:
             lib.gg_session_free(session)
         lib.gg_ctx_free(g.ctx)
+
+
+class _PowerProbe:
+    """What a backward reading the op's incoming gradient from other positions would give
+    (check/power.py): a probe loss sum(cont(y) * W) over the same forward nodes, W written
+    with a scramble of dL/dy as the case's backward computed it."""
+
+    def __init__(self, g, y, gb, params):
+        lib = g.lib
+        self.g, self.params = g, params
+        self.incoming = lib.ggml_graph_get_grad(gb, y)
+        self.ne, _ = g.layout(y)
+        if self.incoming == g.ffi.NULL:
+            return
+        self.weights = g.new_tensor(self.ne, name="__power_weights")
+        probe_loss = lib.ggml_sum(g.ctx, lib.ggml_mul(g.ctx, g.contiguous(y), self.weights))
+        self.graph = lib.gg_graph_backward(g.ctx, lib.gg_graph_forward(g.ctx, probe_loss, GRAPH_SIZE), GRAPH_SIZE)
+        self.grads = {name: lib.ggml_graph_get_grad(self.graph, t) for name, t in params.items()}
+
+    def predictions(self, session):
+        """{scramble: {param: gradient}}, or None when y gets no gradient (nothing to scramble)."""
+        g = self.g
+        if self.incoming == g.ffi.NULL:
+            return None
+        out = {}
+        for name, values in power.scrambles(read_tensor(g, self.incoming), self.ne):
+            write_tensor(g, self.weights, values.astype(np.float32))
+            g.lib.ggml_graph_reset(self.graph)
+            _check_status(g.lib.gg_session_compute(session, self.graph))
+            out[name] = {p: (read_tensor(g, t) if t != g.ffi.NULL else np.zeros(read_tensor(g, self.params[p]).size))
+                         for p, t in self.grads.items()}
+        return out
 
 
 def _numeric(g, session, gf, t, loss, case, analytic, loss_scale):
@@ -199,7 +243,19 @@ def _numeric(g, session, gf, t, loss, case, analytic, loss_scale):
     _check_status(st)
     numeric = (4 * g_half - g_h) / 3 if precise else g_h
     noise = metrics.numeric_noise(loss_scale, h, g_h, numeric if precise else None)
-    return {"analytic": analytic, "numeric": numeric, "noise": noise}
+
+    def halved():
+        """The same estimate with half the step (asked only before a failure is blamed)."""
+        other = np.empty(n)
+        if precise:     # the h/2 half of the 4-point stencil is g_half: only h/4 is new
+            _check_status(lib.gg_numeric_grad(session, gf, t, loss, h / 2, ffi.from_buffer("double[]", np.empty(n)),
+                                              ffi.from_buffer("double[]", other)))
+            return (4 * other - g_half) / 3
+        _check_status(lib.gg_numeric_grad(session, gf, t, loss, h / 2, ffi.from_buffer("double[]", other), ffi.NULL))
+        return other
+    roundoff = metrics.numeric_noise(loss_scale, h / 2, np.zeros(1), np.zeros(1) if precise else None)[0]
+    return {"analytic": analytic, "numeric": numeric, "noise": noise, "halved": halved, "roundoff": roundoff,
+            "gap": np.abs(numeric - g_h), "values": read_tensor(g, t)}
 
 
 def _check_status(st):
@@ -207,17 +263,44 @@ def _check_status(st):
         raise RuntimeError(f"forward compute failed during finite differences (ggml_status {st})")
 
 
-def _compare(result, case, checks):
-    failed, blind = [], []
+def _compare(result, case, checks, predictions):
+    failed, unreliable, inconclusive = [], [], []
+    if predictions is None:
+        param_power, detail, uncaught = {name: False for name in checks}, {}, None
+    else:
+        project = None if case.mode == "full" else (lambda name, values: checks[name]["project"](values))
+        param_power, detail, uncaught = power.judge(predictions, checks, case.max_maa, project)
+    case_power = uncaught == []
+    result.power_scrambles = {s: {p: float(v) for p, v in maa.items()} for s, maa in detail.items()}
     for name, c in checks.items():
         ne = list(ne4(case.params[name]))
         shape_ne = ne if case.mode == "full" else [len(c["numeric"]), 1, 1, 1]
         m = metrics.compare(c["analytic"], c["numeric"], c["noise"], case.max_maa, shape_ne)
-        m["power"] = c["power"] if "power" in c else metrics.has_power(c["analytic"], c["numeric"], c["noise"],
-                                                                       case.max_maa)
+        m["power"] = param_power[name]
         m["name"] = name
         m["shape"] = ne
         m.update(c.get("report", {}))   # fast mode: how the directions were taken, the located elements
+        if not m["passed"] and "halved" in c:
+            # before the backward is blamed: are the finite differences evidence at these elements?
+            shaky = reliability.halved_step_disagrees(c["numeric"], c["halved"](), c["gap"], c["roundoff"],
+                                                      case.max_maa)
+            if shaky.any():
+                m["numeric_unreliable"] = int(shaky.sum())
+                ok, _ = reliability.reliable_part_passes(c["analytic"], c["numeric"], c["noise"], shaky, case.max_maa)
+                if ok:
+                    m["diagnosis_kind"] = str(Diagnosis.NUMERIC_UNRELIABLE)
+                    m["diagnosis"] = reliability.advice(name, c["values"], shaky, float(case.eps), shape_ne)
+                    unreliable.append(name)
+                    result.params.append(m)
+                    continue
+        if case.mode == "fast":
+            lacking = directional.lacks_evidence(m, case)
+            if lacking and (m["passed"] or (c.get("diagnosis") or ("",))[0] is Diagnosis.SAMPLE_AGREES):
+                # a pass needs evidence, and so does a failure: neither is claimed without it
+                m["diagnosis_kind"], m["diagnosis"] = str(Diagnosis.INCONCLUSIVE), f"{name}: {lacking}"
+                inconclusive.append(name)
+                result.params.append(m)
+                continue
         if not m["passed"]:
             kind, m["diagnosis"] = c.get("diagnosis") or metrics.diagnose(c["analytic"], c["numeric"], c["noise"],
                                                                           m, case.max_maa)
@@ -226,27 +309,41 @@ def _compare(result, case, checks):
             if case.mode == "full":
                 m["analytic_values"] = [float(v) for v in c["analytic"]]
                 m["numeric_values"] = [float(v) for v in c["numeric"]]
-        if not m["power"]:
-            blind.append(name)
         result.params.append(m)
-    result.power = len(blind) < len(checks)
-    result.blind_params = blind
+    result.power = case_power
+    result.blind_params = [name for name in checks if not param_power[name]]
     worst = max(result.params, key=lambda m: m["maa"])
     result.maa, result.cosine = worst["maa"], worst["cosine"]
     result.limit = worst.get("limit", case.max_maa)
     result.n_compared = sum(m.get("n_compared", 0) for m in result.params)
+    if not failed and inconclusive:
+        result.status, result.kind = Status.INCONCLUSIVE, Diagnosis.INCONCLUSIVE
+        result.diagnosis = "; ".join(m["diagnosis"] for m in result.params if m["name"] in inconclusive)
+        return
+    if not failed and unreliable:
+        result.status, result.kind = Status.NUMERIC_UNRELIABLE, Diagnosis.NUMERIC_UNRELIABLE
+        result.diagnosis = "; ".join(m["diagnosis"] for m in result.params if m["name"] in unreliable)
+        return
     if not failed:
         result.status = Status.PASSED
         if not result.power:
             result.kind = Diagnosis.BLIND
-            result.diagnosis = ("blind: a scrambled gradient would pass this case too "
-                                f"({case.loss} loss gives {'/'.join(blind)} a gradient that survives scrambling)")
+            if predictions is None:
+                why = "the op's output gets no gradient in this graph"
+            else:
+                why = (f"dL/dy read {'/'.join(uncaught)} gives the same parameter gradients within the limit "
+                       f"({case.loss} loss through consumer '{case.consumer}')")
+            result.diagnosis = ("blind: a backward reading its incoming gradient from other positions would pass "
+                                f"this case too: {why}")
         return
     result.status = Status.FAILED
-    first = next(m for m in result.params if not m["passed"])
+    first = next(m for m in result.params if m["name"] in failed)
     kind, diagnosis = Diagnosis(first["diagnosis_kind"]), first["diagnosis"]
-    if case.mode == "full" and len(checks) > 1 and kind not in POSITIONAL_OR_UNTRUSTED:
-        # a backward that slices the gradient at wrong offsets scrambles values *across* params
+    if case.mode == "full" and len(checks) > 1 and kind is Diagnosis.DISAGREE:
+        # per param first: a joint look is asked only when a param's own values say nothing
+        # specific. A backward that slices the gradient at wrong offsets scrambles values *across*
+        # params, which only the joint look sees; but over a and b together, b = -true next to
+        # a = true also looks like "values at other positions", hiding b's plain wrong sign.
         a = np.concatenate([c["analytic"] for c in checks.values()])
         n = np.concatenate([c["numeric"] for c in checks.values()])
         noise = np.concatenate([np.broadcast_to(c["noise"], np.shape(c["numeric"])) for c in checks.values()])
@@ -260,5 +357,6 @@ def _compare(result, case, checks):
                       "if consumer 'none' passes, the backward reads the incoming gradient ignoring its strides")
     result.kind = kind
     result.diagnosis = f"{first['name']}: {diagnosis}"
+    # the numbers only: the diagnosis is its own field, and the failure text shows both
     result.message = (f"{case.id}: MAA {first['maa']:.3g} > limit {first.get('limit', case.max_maa):.3g} "
-                      f"for param {first['name']}; {diagnosis}")
+                      f"for param {first['name']}")

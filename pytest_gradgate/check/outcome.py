@@ -19,16 +19,26 @@ class Status(_Word):
     TIMEOUT = "timeout"
     ERROR = "error"             # the harness could not run the case (worker start, allocation, ...)
     SKIPPED = "skipped"
+    # the case's consumer cannot carry a gradient in this ggml even with no op before it
+    # (check/selfcheck.py): nothing is known about the op, and the op is not blamed
+    CONSUMER_FAILED = "consumer-failed"
+    # the comparison disagreed only where the finite differences are not evidence (a step
+    # across a kink, pole or jump, check/reliability.py): the backward is not blamed
+    NUMERIC_UNRELIABLE = "numeric-unreliable"
+    # fast mode: the directions compared are no evidence either way (too few, or noise
+    # dominates the limit, or they disagree where no sampled element does)
+    INCONCLUSIVE = "inconclusive"
 
 
 # statuses that make a case red (and that a baseline may record as known)
-FAILING = frozenset({Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.ERROR})
+FAILING = frozenset({Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.ERROR, Status.CONSUMER_FAILED})
 
 
 class Phase(_Word):
     STARTUP = "startup"             # before the case reached ggml (worker start, fork)
     LOAD_LIBRARY = "load-library"   # the worker dlopens the build
     BUILD_FORWARD = "build-forward"
+    CONSUMER_CHECK = "consumer-check"   # the consumer alone, on a stand-in for the op's output
     BUILD_BACKWARD = "build-backward"
     COMPUTE = "compute"
     NUMERIC = "numeric"
@@ -52,13 +62,12 @@ class Diagnosis(_Word):
     GGML_ABORT = "ggml-abort"             # ggml aborted with a message
     DIED = "died"                         # died without a ggml message
     HUNG = "hung"
+    CONSUMER_FAILS = "consumer-fails"     # the consumer's own backward aborts or is wrong
+    NUMERIC_UNRELIABLE = "numeric-unreliable"   # the finite differences are not evidence here
+    INCONCLUSIVE = "inconclusive"         # fast mode: too little evidence to pass or to fail
     BROKEN_BUILD = "broken-build"         # the worker cannot load the library: no case can run
     WORKER_START = "worker-start"         # the worker could not start
 
 
-# kinds that say the values are right and only their placement is wrong, or that the
-# comparison itself cannot be trusted: a joint look across params adds nothing to them
-POSITIONAL_OR_UNTRUSTED = frozenset({Diagnosis.WRONG_POSITIONS, Diagnosis.NONFINITE_BACKWARD,
-                                     Diagnosis.NONFINITE_LOSS})
 # kinds that, behind a non-contiguous consumer, point at a backward that ignores grad's strides
 STRIDE_SUSPECTS = frozenset({Diagnosis.DISAGREE, Diagnosis.WRONG_SCALE, Diagnosis.WRONG_SIGN})

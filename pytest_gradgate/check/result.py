@@ -23,6 +23,8 @@ class Result:
     n_compared: int = 0
     power: bool = None
     blind_params: list = field(default_factory=list)
+    # scramble of the op's incoming gradient -> param -> the MAA a backward reading it would show
+    power_scrambles: dict = field(default_factory=dict)
     kind: Diagnosis = Diagnosis.NONE    # what kind of wrong; `diagnosis` says it in words
     diagnosis: str = ""
     message: str = ""

@@ -47,6 +47,9 @@ def _const(node, text):
                     "expression (only op calls, names, numbers, strings, booleans and lists)")
 
 
+_WORDS = {"True": True, "False": False, "None": None, "true": True, "false": False, "null": None}
+
+
 def _convert(node, text):
     if isinstance(node, ast.Call):
         if not isinstance(node.func, ast.Name):
@@ -57,8 +60,9 @@ def _convert(node, text):
         return Call(node.func.id, tuple(_convert(a, text) for a in node.args),
                     tuple((k.arg, _convert(k.value, text)) for k in node.keywords), node.col_offset)
     if isinstance(node, ast.Name):
-        if node.id in ("True", "False", "None"):
-            return {"True": True, "False": False, "None": None}[node.id]
+        # YAML's spellings too: a case file writes is_2d=false as it writes everything else
+        if node.id in _WORDS:
+            return _WORDS[node.id]
         return Ref(node.id)
     return _const(node, text)
 

@@ -19,13 +19,13 @@ from pytest_gradgate.errors import GradgateError
 
 SCHEMA = 1
 DEFAULT_BASELINE = Path(__file__).parent / "baseline_default.json"
+FAILURE_STATUSES = ("failed", "crashed", "timeout", "error", "consumer-failed")
+STALE_TEXT = "fixed: remove it from the baseline"
 
 
 def shipped_baseline(pinned):
     """The known failures shipped for a pinned source (build/source.py PINNED)."""
     return Path(__file__).parent / pinned.baseline
-FAILURE_STATUSES = ("failed", "crashed", "timeout", "error")
-STALE_TEXT = "fixed: remove it from the baseline"
 
 # ggml's abort lines carry the absolute path it was compiled from; keep only the part
 # inside the ggml tree (ggml-cpu/ops.cpp:1841) so a recorded reason is the same everywhere

@@ -16,10 +16,12 @@ from pytest_gradgate.check.outcome import Diagnosis, Phase
 STDERR_TAIL = 4000
 
 _NO_BACKWARD = [
-    re.compile(r"unsupported ggml op for backward pass: (\w+)"),
-    re.compile(r"unsupported (?:unary|glu) op for backward pass: (\w+)"),
-    re.compile(r"backward pass for (\w+(?: \w+)?) not implemented"),
-    re.compile(r"(\w+) backward pass not implemented"),
+    (re.compile(r"unsupported ggml op for backward pass: (\w+)"), "{}"),
+    (re.compile(r"unsupported (?:unary|glu) op for backward pass: (\w+)"), "{}"),
+    (re.compile(r"backward pass for (\w+(?: \w+)?) not implemented"), "{}"),
+    (re.compile(r"(\w+) backward pass not implemented"), "{}"),
+    # an assert, not a message: GGML_ASSERT(src1 && "backward pass only implemented for split swiglu")
+    (re.compile(r"backward pass only implemented for split (\w+)"), "fused {}"),
 ]
 _GGML_MESSAGE = re.compile(r"^(\S+:\d+: .*)$", re.M)
 # C's assert() (live in Debug builds): "prog: file.cpp:2777: void f(...): Assertion `x' failed."
@@ -74,10 +76,10 @@ def ggml_message(stderr):
 def explain(phase, stderr):
     """(Diagnosis kind, text): what a dead case's phase and stderr say about why it died."""
     if phase == Phase.BUILD_BACKWARD:
-        for pattern in _NO_BACKWARD:
+        for pattern, what in _NO_BACKWARD:
             m = pattern.search(stderr or "")
             if m:
-                return Diagnosis.NO_BACKWARD, f"no backward for {m.group(1).upper()} in this ggml"
+                return Diagnosis.NO_BACKWARD, f"no backward for {what.format(m.group(1).upper())} in this ggml"
     msg = ggml_message(stderr)
     if msg:
         return Diagnosis.GGML_ABORT, f"ggml aborted in phase {phase}: {msg}"

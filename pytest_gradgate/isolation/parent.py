@@ -294,6 +294,14 @@ class Runner:
         result.signal = crash.signal
         result.stderr_tail = crash.stderr
         result.kind, explanation = explain(phase, crash.stderr)
+        status = Status.CRASHED
+        if phase == Phase.CONSUMER_CHECK:
+            # it died in the consumer alone (check/selfcheck.py): the consumer's failure, not the op's
+            from pytest_gradgate.check import selfcheck
+            msg = ggml_message(crash.stderr)
+            result.kind = Diagnosis.CONSUMER_FAILS
+            explanation = selfcheck.failure_text(case.consumer, f"ggml: {msg}" if msg else f"it died ({crash.how})")
+            status = Status.CONSUMER_FAILED
         if self.max_memory and crash.grew_by >= self.max_memory // 2:
             # RLIMIT_AS counts address space, ru_maxrss resident pages: half the cap is near enough
             explanation += (f" (it had grown by {crash.grew_by >> 20} MiB against the --gradgate-max-memory cap "
@@ -301,7 +309,7 @@ class Runner:
         result.diagnosis = explanation
         ggml_msg = ggml_message(result.stderr_tail)
         result.message = f"crashed ({crash.how}) in phase {phase}" + (f": {ggml_msg}" if ggml_msg else "")
-        return result.finish(Status.CRASHED, phase, started=started)
+        return result.finish(status, phase, started=started)
 
 
 def _status_of(exitcode):

@@ -368,6 +368,8 @@ def _reglu_shape(s, p):
 
 
 op("reglu", "GLU(REGLU)", ["a"], _reglu_shape, _elementwise("ggml_reglu"))
+op("swiglu", "GLU(SWIGLU)", ["a"], _reglu_shape, _elementwise("ggml_swiglu"),
+   note="fused: a's two halves are the gate and the value (ggml has a backward for swiglu_split only)")
 
 
 def _concat_shape(s, p):

@@ -31,8 +31,9 @@ MISSING_MATPLOTLIB = ("--gradgate-html needs matplotlib, which is not installed;
                       + EXTRA_HINT + " (or pip install matplotlib)")
 
 # failures first; the order in which groups appear in the table and the sections
-STATUS_ORDER = ("failed", "crashed", "timeout", "error", "skipped", "passed")
-NOT_PASSED = ("failed", "crashed", "timeout", "error")
+STATUS_ORDER = ("failed", "crashed", "timeout", "error", "consumer-failed", "numeric-unreliable", "inconclusive",
+                "skipped", "passed")
+NOT_PASSED = ("failed", "crashed", "timeout", "error", "consumer-failed")
 MAX_SLICES = 8          # per parameter: beyond this, the slices with the largest error are shown
 MAX_ANNOTATED = 96      # cells per slice up to which each cell's value is printed in it
 # a broken ggml can fail hundreds of cases; pictures for the first ones keep the report quick
@@ -264,7 +265,7 @@ def _case_section(index, r, draw=True):
         out.append(f'<p class="diagnosis">diagnosis: {_e(r["diagnosis"])}</p>')
     if r.get("message") and r.get("message") != r.get("diagnosis"):
         out.append(f'<p class="message">{_e(r["message"])}</p>')
-    if status in ("crashed", "timeout", "error"):
+    if status in ("crashed", "timeout", "error", "consumer-failed"):
         if r.get("signal"):
             out.append(f'<p class="signal">signal: {_e(r["signal"])}</p>')
         tail = r.get("stderr_tail") or ""

@@ -46,11 +46,11 @@ def case_record(r):
     return record
 
 
-def counts(results):
+def counts(results, key="outcome"):
     out = {}
     for r in results:
-        key = r.get("outcome") or r["status"]
-        out[key] = out.get(key, 0) + 1
+        word = r["status"] if key == "status" else (r.get("outcome") or r["status"])
+        out[word] = out.get(word, 0) + 1
     return out
 
 
@@ -71,6 +71,9 @@ def report(results, facts=None, backends=(), baseline=None, exitstatus=None):
         "baseline": str(baseline.path) if baseline is not None else None,
         "exitstatus": int(exitstatus) if exitstatus is not None else None,
         "summary": counts(results),
+        # how the cases ended (check/outcome.py Status): the summary counts pytest's outcomes,
+        # where a crash and a consumer that fails on its own are both "failed"
+        "statuses": counts(results, key="status"),
         "cases": [case_record(r) for r in results],
     }
     return finite_json(doc)

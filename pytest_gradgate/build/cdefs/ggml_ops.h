@@ -53,6 +53,7 @@ struct ggml_tensor * ggml_cross_entropy_loss(struct ggml_context * ctx, struct g
 struct ggml_tensor * ggml_swiglu_split(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
 struct ggml_tensor * ggml_geglu_split(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
 struct ggml_tensor * ggml_reglu(struct ggml_context * ctx, struct ggml_tensor * a);
+struct ggml_tensor * ggml_swiglu(struct ggml_context * ctx, struct ggml_tensor * a);
 struct ggml_tensor * ggml_concat(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b, int dim);
 struct ggml_tensor * ggml_pad(struct ggml_context * ctx, struct ggml_tensor * a, int p0, int p1, int p2, int p3);
 struct ggml_tensor * ggml_win_part(struct ggml_context * ctx, struct ggml_tensor * a, int w);

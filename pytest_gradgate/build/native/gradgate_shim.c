@@ -17,9 +17,10 @@ int gg_abi_version(void) { return GG_ABI_VERSION; }
 
 const char * gg_ggml_version(void) { return ggml_version(); }
 
+// room for four graphs: the case's forward and backward, and the power probe's (engine.py)
 struct ggml_context * gg_ctx_new(size_t n_tensors, size_t graph_size) {
     struct ggml_init_params params = {
-        /* .mem_size   = */ ggml_tensor_overhead() * n_tensors + 2 * ggml_graph_overhead_custom(graph_size, true),
+        /* .mem_size   = */ ggml_tensor_overhead() * n_tensors + 4 * ggml_graph_overhead_custom(graph_size, true),
         /* .mem_buffer = */ NULL,
         /* .no_alloc   = */ true,
     };
