@@ -94,6 +94,8 @@ def pytest_report_header(config):
             line += f", recorded on ggml {b.ggml_version}"
         line += "; rewritten at the end of this run)" if state.update_baseline else ")"
         lines.append(line)
+    if state.baseline_note:
+        lines.append(f"gradgate: {state.baseline_note}")
     return lines
 
 
@@ -142,6 +144,7 @@ def pytest_runtest_makereport(item, call):
         data["skip_reason"] = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
         data["baseline"] = getattr(item, "gradgate_baseline", None)    # "known", "stale" or None
         data["nodeid"] = item.nodeid
+        data["baseline_key"] = getattr(item, "gradgate_baseline_key", None)   # gate items only
         if data["baseline"] == "stale":
             data["message"] = getattr(item, "gradgate_stale_text", data["message"])
         report.gradgate_result = data
@@ -206,7 +209,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if failed:
         terminalreporter.write_sep("=", "gradgate failures")
         for r in failed:
-            terminalreporter.write_line(f"{r['case_id']}: {outputs.one_line(r)}")
+            # the node id: two files may hold cases of the same name
+            terminalreporter.write_line(f"{r.get('nodeid') or r['case_id']}: {outputs.one_line(r)}")
     if blind:
         terminalreporter.write_sep("-", "gradgate blind cases (a scrambled gradient would pass them)")
         for r in blind:

@@ -57,7 +57,7 @@ def _run_suite(workdir):
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "gradgate_dump.py").write_text(textwrap.dedent(DUMP_PLUGIN))
     baseline = workdir / "empty-baseline.json"
-    baseline.write_text(json.dumps({"schema": 1, "entries": {}}))
+    baseline.write_text(json.dumps({"schema": 2, "entries": {}}))
     dump = workdir / "reports.json"
     env = dict(os.environ, GRADGATE_CACHE_DIR=str(USER_CACHE), GRADGATE_TEST_DUMP=str(dump),
                PYTHONPATH=os.pathsep.join([str(workdir), os.environ.get("PYTHONPATH", "")]))

@@ -125,14 +125,15 @@ def _decide(item, result):
         pytest.skip(result.message)
     state = state_of(item.config)
     baseline = state.baseline
-    known = baseline.get(item.case.id) if baseline is not None else None
+    item.gradgate_baseline_key = baseline_file.key_of(item)
+    known = baseline.get(item.gradgate_baseline_key) if baseline is not None else None
     if result.status == Status.PASSED:
         if result.power is False:
             item.warn(pytest.PytestWarning(f"gradgate: {item.case.id} is blind: {result.diagnosis}"))
         if known and not state.update_baseline:
             # like a strict xfail: a fixed case must leave the baseline, or it could regress unseen
             item.gradgate_baseline = "stale"
-            item.gradgate_stale_text = baseline_file.stale_text(item.case.id, known, baseline.path)
+            item.gradgate_stale_text = baseline_file.stale_text(item.gradgate_baseline_key, known, baseline.path)
             raise GradgateFailure(result, text=item.gradgate_stale_text)
         return
     if item.case.builtin and result.no_backward:

@@ -35,6 +35,7 @@ class GateState:
         self.invalid_cases = []         # declarations that could not be loaded: path, line, message
         self.start_failures_in_a_row = 0
         self.baseline = None            # known failures (baseline.Baseline), see load_baseline
+        self.baseline_note = None       # why --gradgate-update-baseline did not keep the old entries
         self.update_baseline = config.getoption("gradgate_update_baseline")
 
     # -- source and build ----------------------------------------------------------------
@@ -127,6 +128,13 @@ class GateState:
             return None
         if self.update_baseline and not Path(path).exists():
             self.baseline = baseline_file.Baseline(path)
+        elif self.update_baseline:
+            try:
+                self.baseline = baseline_file.Baseline.load(path)
+            except baseline_file.BaselineError as exc:
+                # the user asked for it to be rewritten: an unreadable one is replaced, not an error
+                self.baseline = baseline_file.Baseline(path)
+                self.baseline_note = f"{exc}; it is rewritten from this run's results alone"
         else:
             self.baseline = baseline_file.Baseline.load(path)
         return self.baseline
