@@ -82,3 +82,24 @@ def test_update_baseline_rewrites_an_unreadable_or_old_baseline(pytester, defaul
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     refused.stderr.fnmatch_lines([f"*baseline {baseline}: schema 1 keys entries by case name alone*"
                                   "--gradgate-update-baseline*"])
+
+
+# -- 2. one bad file, or one monstrous case, is one error; the rest run ---------------------
+def test_a_non_utf8_file_and_a_100000_term_expression_are_one_error_each(pytester, default_build):
+    """Before: the byte 0xff was a UnicodeDecodeError and the 100,000-term sum a
+    RecursionError at collection: "Interrupted: 2 errors during collection", rc 2, and not
+    one case ran."""
+    (pytester.path / "gradgate_bytes.yaml").write_bytes(
+        b"cases:\n  - name: latin1\n    description: caf\xe9\n" + PASSING.encode())
+    huge = " + ".join(["a"] * 100_000)
+    (pytester.path / "gradgate_huge.yaml").write_text(
+        f"cases:\n  - name: fine\n{PASSING}  - name: huge\n    params: {{a: [2]}}\n    graph: {huge}\n")
+    case_file(pytester.path / "gradgate_good.yaml", "good", PASSING)
+    result = run_gate(pytester, "-rE", "--junitxml", "j.xml")
+    result.assert_outcomes(passed=2, errors=2)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["invalid case: */gradgate_bytes.yaml:3: not UTF-8 text: byte 0xe9*UTF-8",
+                                 "invalid case: */gradgate_huge.yaml:8: graph expression 'a + a *"
+                                 "(399997 characters)' is too long*"])
+    # the expression is not echoed in full, neither on the terminal nor in JUnit
+    assert len(result.stdout.str()) < 20_000 and (pytester.path / "j.xml").stat().st_size < 20_000

@@ -68,9 +68,17 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
     """-> (list of LoadedCase, list of CaseError). Never raises for bad content."""
     path = Path(path)
     try:
-        text = path.read_text() if text is None else text
+        raw_bytes = path.read_bytes() if text is None else None
     except OSError as exc:
         return [], [CaseError(f"cannot read case file: {exc.strerror}", path)]
+    if raw_bytes is not None:
+        try:
+            text = raw_bytes.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw_bytes[:exc.start].count(b"\n") + 1
+            column = exc.start - raw_bytes.rfind(b"\n", 0, exc.start)
+            return [], [CaseError(f"not UTF-8 text: byte 0x{raw_bytes[exc.start]:02x} at column {column}; "
+                                  "save the file as UTF-8", path, line)]
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -78,6 +86,8 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
         return [], [CaseError(f"YAML syntax error: {problem}", path, mark.line + 1 if mark else None)]
+    except (RecursionError, MemoryError) as exc:
+        return [], [CaseError(f"the YAML is nested too deeply or too large to read ({type(exc).__name__})", path)]
     if not isinstance(data, dict) or "cases" not in data:
         return [], [CaseError("a case file must be a mapping with a 'cases:' list", path, 1)]
     unknown_top = set(data) - {"cases", "defaults"}
@@ -114,6 +124,9 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
             if exc.path is None:
                 exc.path, exc.line = path, line
             errors.append(exc)
+        except (RecursionError, MemoryError) as exc:
+            errors.append(CaseError(f"the case is too large or nested too deeply to check ({type(exc).__name__}); "
+                                    "split its graph into smaller cases", path, line))
         except (TypeError, ValueError, ArithmeticError) as exc:
             # a value of a shape no check above foresaw: still one error at this case's line,
             # never a traceback that loses the file's other cases
