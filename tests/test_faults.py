@@ -103,3 +103,101 @@ def test_a_non_utf8_file_and_a_100000_term_expression_are_one_error_each(pyteste
                                  "(399997 characters)' is too long*"])
     # the expression is not echoed in full, neither on the terminal nor in JUnit
     assert len(result.stdout.str()) < 20_000 and (pytester.path / "j.xml").stat().st_size < 20_000
+
+
+# -- 3. a failed build shows the compiler's error -----------------------------------------
+@pytest.mark.slow
+def test_a_failed_build_shows_the_compilers_error_and_keeps_it_in_the_log(default_ggml, pytester, tmp_path,
+                                                                          monkeypatch):
+    """Before the fix: the log was copied while its last writes were still in the file
+    object's buffer: the failure text ended at `FAILED: ...vec.cpp.o`, and neither it nor
+    the kept log said "boom"."""
+    from pytest_gradgate.build.source import copy_tree
+    broken = copy_tree(default_ggml, tmp_path / "ggml")
+    vec = broken / "src" / "ggml-cpu" / "vec.cpp"
+    vec.write_text("#error boom\n" + vec.read_text())
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(tmp_path / "cache"))
+    case_file(pytester.path / "gradgate_one.yaml", "twin", PASSING)
+    result = run_gate(pytester, "--gradgate-ggml-src", str(broken))
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines([f"gradgate: CMake build of ggml at {broken} failed: *vec.cpp:1:*error: *boom*"])
+    logs = list((tmp_path / "cache" / "builds" / "failed").glob("*.log"))
+    assert len(logs) == 1 and "#error boom" in logs[0].read_text(), out[-3000:]
+    assert "Traceback" not in out and "another exception occurred" not in out
+
+
+# -- 4. a clear line, not an INTERNALERROR --------------------------------------------------
+def in_own_mounts(pytester, mount, *pytest_args):
+    """Run the gate in a private mount namespace with `mount` (a shell command) done first,
+    so a read-only or full file system is real, and nothing outside the test sees it."""
+    import shlex
+    import shutil
+    import subprocess
+    import sys
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
+        pytest.skip("needs unshare (a user and mount namespace) for a real read-only or full mount")
+    args = [sys.executable, "-m", "pytest", "--gradgate", "--gradgate-no-builtin", "-p", "no:cacheprovider", ".",
+            *pytest_args]
+    return pytester.run("unshare", "-rm", "sh", "-c", f"{mount} && exec {shlex.join(args)}", timeout=600)
+
+
+@pytest.mark.parametrize("mount, says", [
+    ("mount -t tmpfs -o ro,size=1m none \"$GRADGATE_CACHE_DIR\"", "Read-only file system"),
+    ("mount -t tmpfs -o size=300k none \"$GRADGATE_CACHE_DIR\"", "No space left on device"),
+])
+@pytest.mark.slow
+def test_a_cache_that_cannot_be_written_is_one_line(pytester, default_ggml, tmp_path, monkeypatch, mount, says):
+    """Before the fix: INTERNALERROR> OSError: [Errno 30] Read-only file system (a read-only
+    cache), or [Errno 28] No space left on device (a full one), and no JSON report."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(cache))
+    case_file(pytester.path / "gradgate_one.yaml", "one", PASSING)
+    result = in_own_mounts(pytester, mount, "--gradgate-ggml-src", str(default_ggml), "--gradgate-json", "r.json")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, out[-3000:] + result.stderr.str()[-3000:]
+    assert "INTERNALERROR" not in out + result.stderr.str()
+    result.stdout.fnmatch_lines([f"gradgate: *ggml*{says}*GRADGATE_CACHE_DIR*"])
+    assert (pytester.path / "r.json").is_file()
+
+
+@pytest.mark.parametrize("corrupt", ["{", "[]", "{}"])
+def test_a_corrupt_build_info_is_no_build(default_ggml, default_build, tmp_path, monkeypatch, corrupt):
+    """Before: JSONDecodeError, AttributeError on [] and KeyError on {} from find_build (and
+    from every run on that cache entry); now such an entry is not a build, and is rebuilt."""
+    from pytest_gradgate.build.cmake import BUILD_INFO, BuildOptions, find_build
+    import shutil
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(tmp_path))
+    entry = tmp_path / "builds" / default_build.path.name
+    shutil.copytree(default_build.path, entry)
+    assert find_build(default_ggml, BuildOptions()).path == entry
+    (entry / BUILD_INFO).write_text(corrupt)
+    assert find_build(default_ggml, BuildOptions()) is None
+
+
+@pytest.mark.slow
+def test_a_corrupt_build_info_is_rebuilt_by_the_gate(pytester, default_ggml, default_build, tmp_path,
+                                                    monkeypatch):
+    """Before: INTERNALERROR> json.decoder.JSONDecodeError; now the entry is rebuilt."""
+    import shutil
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(cache))
+    entry = cache / "builds" / default_build.path.name
+    shutil.copytree(default_build.path, entry)
+    (entry / "build-info.json").write_text('{"options": ')
+    case_file(pytester.path / "gradgate_one.yaml", "one", PASSING)
+    result = run_gate(pytester, "--gradgate-ggml-src", str(default_ggml))
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["gradgate: Release build for cpu (built in * s): *"])
+    assert json.loads((entry / "build-info.json").read_text())["options"]["build_type"] == "Release"
+
+
+@pytest.mark.parametrize("value", ["infG", "nanM", "1e30G", "-1"])
+def test_an_impossible_memory_cap_is_a_usage_error(pytester, value):
+    """Before: infG was INTERNALERROR> OverflowError, and 1e30G made every case crash with
+    OverflowError from setrlimit."""
+    result = run_gate(pytester, f"--gradgate-max-memory={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --gradgate-max-memory: '{value}' is not a valid value*"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()

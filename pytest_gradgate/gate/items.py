@@ -50,9 +50,12 @@ class CaseItem(pytest.Item):
         state = state_of(self.config)
         try:
             state.runner()
+            return
         except GradgateError as exc:
-            self.session.shouldfail = "gradgate: the ggml build failed (see the first error above)"
-            pytest.fail(f"gradgate: {exc}", pytrace=False)
+            failure = f"gradgate: {exc}"
+        # outside the except block: the report shows the message, not "during handling of..."
+        self.session.shouldfail = "gradgate: the ggml build failed (see the first error above)"
+        pytest.fail(failure, pytrace=False)
 
     def runtest(self):
         state = state_of(self.config)

@@ -64,6 +64,10 @@ class GateState:
             except GradgateError as exc:
                 self.build_error = exc
                 raise
+            except OSError as exc:   # the source's cache (a fetch of the default) cannot be written
+                from pytest_gradgate.build.cmake import cache_write_error
+                self.build_error = cache_write_error(exc)
+                raise self.build_error from None
         return self.build
 
     def runner(self):
