@@ -201,3 +201,25 @@ def test_an_impossible_memory_cap_is_a_usage_error(pytester, value):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: --gradgate-max-memory: '{value}' is not a valid value*"])
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+# -- 5. the ggml context holds every op of a one-line graph ---------------------------------
+def test_deeply_nested_one_line_graphs_run(pytester, default_build):
+    """Before: the context was sized by graph lines, so one line of 15 nested sin(mul(...))
+    aborted with "not enough space in the context's memory pool" and 100 nested neg
+    segfaulted, both reported as ggml crashes in build-backward."""
+    sin_mul, negs = "a", "a"
+    for _ in range(15):
+        sin_mul = f"sin(mul({sin_mul}, a))"
+    for _ in range(100):
+        negs = f"neg({negs})"
+    (pytester.path / "gradgate_deep.yaml").write_text(
+        "cases:\n"
+        f"  - name: sin_mul\n    params: {{a: [3]}}\n    init: {{a: [0.2, 0.5]}}\n    graph: {sin_mul}\n"
+        "    consumers: [none]\n    max_maa: 0.01\n"
+        f"  - name: negs\n    params: {{a: [3]}}\n    graph: {negs}\n    consumers: [none]\n")
+    result = run_gate(pytester, "--gradgate-json", "r.json")
+    assert outcomes(pytester.path / "r.json") == {"gradgate_deep.yaml::sin_mul[none-sqr-cpu]": "passed",
+                                                  "gradgate_deep.yaml::negs[none-sqr-cpu]": "passed"}, \
+        result.stdout.str()[-3000:]
+    assert result.ret == 0
