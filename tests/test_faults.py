@@ -223,3 +223,100 @@ def test_deeply_nested_one_line_graphs_run(pytester, default_build):
                                                   "gradgate_deep.yaml::negs[none-sqr-cpu]": "passed"}, \
         result.stdout.str()[-3000:]
     assert result.ret == 0
+
+
+# -- 6. killing pytest kills its worker and the worker's children ------------------------------
+def _children(pid):
+    """Live (not zombie) processes whose parent is pid."""
+    import os
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("isolate", ["case", "worker"])
+@pytest.mark.slow
+def test_killing_pytest_during_a_case_kills_its_worker_too(pytester, ggml_variant, how, isolate):
+    """Before the fix: after pytest died the worker was re-parented to PID 1, and the
+    worker (isolate=worker) or its child (isolate=case) kept spinning on the case until the
+    case's timeout (here 600 s)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    root, _ = ggml_variant("deaths")
+    case_file(pytester.path / "gradgate_hang.yaml", "hang",
+              "    params: {a: [4, 3]}\n    graph: scale(a, s=17)\n    consumers: [none]\n    timeout: 600\n")
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--gradgate", "--gradgate-no-builtin", "-p",
+                             "no:cacheprovider", ".", "--gradgate-ggml-src", str(root), "--gradgate-isolate", isolate],
+                            cwd=pytester.path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:   # the worker, and (isolate=case) its spare and the child running the case
+            workers = _children(proc.pid)
+            spinning = [p for w in workers for p in _children(w)] if isolate == "case" else workers
+            if workers and len(spinning) >= (2 if isolate == "case" else 1):
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, "the case never started"
+            time.sleep(0.1)
+        time.sleep(1.0)   # well inside the case
+        doomed = workers + [p for w in workers for p in _children(w)]
+        proc.send_signal(getattr(signal, how))
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in doomed) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [p for p in doomed if _alive(p)]
+        assert not left, f"still running after pytest got {how}: {left}"
+    finally:
+        proc.kill()
+        proc.wait()
+        for p in doomed if "doomed" in locals() else ():
+            if _alive(p):
+                __import__("os").kill(p, signal.SIGKILL)
+
+
+# -- 7. full mode refuses a size it cannot do, before running ---------------------------------
+def test_a_huge_full_mode_case_is_refused_at_load_with_its_cost(pytester, default_build):
+    """Before: a 10^9-element full-mode case was accepted, printed nothing for minutes and
+    then failed to allocate (its default timeout: 20,000,030 s). --gradgate-mode full over
+    a large fast case is refused the same way."""
+    (pytester.path / "gradgate_big.yaml").write_text(
+        "cases:\n"
+        "  - name: huge\n    params: {a: [1000, 1000, 1000]}\n    graph: sqr(a)\n    consumers: [none]\n"
+        "  - name: big_fast\n    mode: fast\n    params: {a: [1000, 200]}\n    graph: sqr(a)\n    consumers: [none]\n")
+    case_file(pytester.path / "gradgate_small.yaml", "small", PASSING)
+    result = run_gate(pytester, "--gradgate-json", "r.json", "--junitxml", "j.xml")
+    result.stdout.fnmatch_lines(["invalid case: */gradgate_big.yaml:3: full mode is for up to 100,000 param "
+                                 "elements; this case has 1,000,000,000: 4,000,000,000 evaluations*mode: fast*"])
+    result.assert_outcomes(passed=2, errors=1)
+    forced = run_gate(pytester, "--gradgate-mode", "full")
+    forced.stdout.fnmatch_lines(["invalid case: */gradgate_big.yaml:6: case 'big_fast', with --gradgate-mode full: "
+                                 "full mode is for up to 100,000 param elements; this case has 200,000*"])
+    forced.assert_outcomes(passed=1, errors=2)
+
+
+def test_default_timeouts_stay_sane():
+    """Before: the default timeout of a 10^7-element full-mode case was 200,030 s."""
+    from pytest_gradgate.declare.case import Case
+    from pytest_gradgate.isolation.parent import MAX_DEFAULT_TIMEOUT, default_timeout
+    big = Case(name="x", graph=["sqr(a)"], params={"a": [100_000]})
+    assert default_timeout(big) <= MAX_DEFAULT_TIMEOUT <= 3600

@@ -25,7 +25,9 @@ class GradgateFailure(Exception):
 
 class CaseFile(pytest.File):
     def collect(self):
+        from pytest_gradgate.declare.case import full_mode_problem
         from pytest_gradgate.declare.loader import load_file
+        from pytest_gradgate.errors import CaseError
         from pytest_gradgate.gate.selection import is_builtin
         state = state_of(self.config)
         loaded, errors = load_file(self.path, state.backends, builtin=is_builtin(self.path))
@@ -34,6 +36,11 @@ class CaseFile(pytest.File):
             for case in entry.cases:
                 if mode and case.mode != mode:
                     case = dataclasses.replace(case, mode=mode)
+                    too_big = full_mode_problem(case)
+                    if too_big:   # one error for the declaration, not one per variant
+                        errors.append(CaseError(f"case '{entry.name}', with --gradgate-mode full: {too_big}",
+                                                self.path, entry.line))
+                        break
                 yield CaseItem.from_parent(self, name=f"{case.name}[{case.variant}]", case=case)
         for err in errors:
             yield InvalidCaseItem.from_parent(self, name=f"line{err.line or 0}[invalid]", error=err)

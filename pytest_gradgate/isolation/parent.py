@@ -25,6 +25,9 @@ BROKEN_BUILD_TEXT = "broken build: the worker cannot load the library, so no cas
 # the worker kills the child itself and then answers)
 REPLY_GRACE = 10.0
 START_TIMEOUT = 120.0
+# a default only ever stops a hang: past half an hour a case that is just slow should say
+# so itself (timeout:, --gradgate-timeout), and a killed run must not leave hours of work
+MAX_DEFAULT_TIMEOUT = 1800.0
 
 
 class WorkerGone(Exception):
@@ -45,7 +48,7 @@ def default_timeout(case):
     if case.mode == "fast":
         return 120.0
     forwards = case.n_param_elements() * (4 if case.stencil == 4 else 2)
-    return 30.0 + forwards * 0.005
+    return min(MAX_DEFAULT_TIMEOUT, 30.0 + forwards * 0.005)
 
 
 def format_size(n):
@@ -61,6 +64,7 @@ class Worker:
     def __init__(self, library, backtrace=False):
         self.stderr_file = tempfile.NamedTemporaryFile(prefix="gradgate-worker-", suffix=".log", delete=False)
         env = dict(os.environ)
+        env["GRADGATE_PARENT_PID"] = str(os.getpid())   # the worker dies with us (worker.py _bind_to_parent)
         if backtrace:
             env.pop("GGML_NO_BACKTRACE", None)
         else:
