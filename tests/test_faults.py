@@ -305,7 +305,7 @@ def test_a_huge_full_mode_case_is_refused_at_load_with_its_cost(pytester, defaul
         "  - name: big_fast\n    mode: fast\n    params: {a: [1000, 200]}\n    graph: sqr(a)\n    consumers: [none]\n")
     case_file(pytester.path / "gradgate_small.yaml", "small", PASSING)
     result = run_gate(pytester, "--gradgate-json", "r.json", "--junitxml", "j.xml")
-    result.stdout.fnmatch_lines(["invalid case: */gradgate_big.yaml:3: full mode is for up to 100,000 param "
+    result.stdout.fnmatch_lines(["invalid case: */gradgate_big.yaml:2: case 'huge': full mode is for up to 100,000 param "
                                  "elements; this case has 1,000,000,000: 4,000,000,000 evaluations*mode: fast*"])
     result.assert_outcomes(passed=2, errors=1)
     forced = run_gate(pytester, "--gradgate-mode", "full")
@@ -320,3 +320,22 @@ def test_default_timeouts_stay_sane():
     from pytest_gradgate.isolation.parent import MAX_DEFAULT_TIMEOUT, default_timeout
     big = Case(name="x", graph=["sqr(a)"], params={"a": [100_000]})
     assert default_timeout(big) <= MAX_DEFAULT_TIMEOUT <= 3600
+
+
+# -- 8. nothing a case file says can become a GitHub workflow command ---------------------------
+def test_a_param_name_cannot_inject_a_workflow_command(pytester, default_build, monkeypatch):
+    """Before: a param named "c\\n::error file=x::pwned" was accepted; the failure text
+    printed its name on its own line, which GitHub Actions runs as a workflow command."""
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "summary.md"))
+    (pytester.path / "gradgate_evil.yaml").write_text(
+        "cases:\n"
+        "  - name: evil\n"
+        '    params: {a: [4, 3, 2], b: [2, 2, 1], "c\\n::error file=x::pwned": [2]}\n'
+        "    graph: acc(a, b, offset=5)\n    consumers: [transpose]\n")   # fails on ggml 0.15.3
+    result = run_gate(pytester)
+    assert result.ret == 1
+    commands = [line for line in result.stdout.lines if line.startswith("::")]
+    assert len(commands) == 1 and "pwned" in commands[0] and commands[0].startswith("::error file=")
+    assert "%0A::error file=x::pwned" in commands[0]     # escaped: one annotation, no second command
+    result.stdout.fnmatch_lines(["invalid case: */gradgate_evil.yaml:3: param name *must be an identifier*"])

@@ -19,8 +19,8 @@ def full_mode_problem(case):
     if case.mode != "full" or n <= MAX_FULL_ELEMENTS:
         return None
     return (f"full mode is for up to {MAX_FULL_ELEMENTS:,} param elements; this case has {n:,}: "
-            f"{n * case.stencil:,} evaluations of its whole graph, for hours; "
-            "use mode: fast (random directions), or smaller params")
+            f"{n * case.stencil:,} evaluations of its whole graph (the work grows with the square of "
+            "the size); use mode: fast (random directions), or smaller params")
 
 
 @dataclass

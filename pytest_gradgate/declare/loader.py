@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from pytest_gradgate.declare.case import DEFAULT_EPS, DEFAULT_MAX_MAA, DEFAULT_STENCIL, Case, full_mode_problem
+from pytest_gradgate.declare.case import DEFAULT_EPS, DEFAULT_MAX_MAA, DEFAULT_STENCIL, Case
 from pytest_gradgate.ops.consumers import CONSUMERS, DEFAULT_CONSUMERS, check_consumer
 from pytest_gradgate.errors import CaseError
 from pytest_gradgate.declare.expr import parse_graph
@@ -267,9 +267,6 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
                     eps=eps, stencil=stencil, max_maa=max_maa, seed=seed, mode=mode,
                     directions=directions, timeout=timeout,
                     builtin=builtin, origin={"path": str(path), "line": line})
-    too_big = full_mode_problem(template)
-    if too_big:
-        raise CaseError(too_big, *at("mode" if "mode" in raw else "params"))
     try:
         parse_graph(raw["graph"])
         out_shape = infer_shapes(template)

@@ -33,14 +33,14 @@ class CaseFile(pytest.File):
         loaded, errors = load_file(self.path, state.backends, builtin=is_builtin(self.path))
         mode = state.settings["mode"]   # --gradgate-mode overrides every case's own mode
         for entry in loaded:
-            for case in entry.cases:
-                if mode and case.mode != mode:
-                    case = dataclasses.replace(case, mode=mode)
-                    too_big = full_mode_problem(case)
-                    if too_big:   # one error for the declaration, not one per variant
-                        errors.append(CaseError(f"case '{entry.name}', with --gradgate-mode full: {too_big}",
-                                                self.path, entry.line))
-                        break
+            cases = [dataclasses.replace(c, mode=mode) if mode and c.mode != mode else c for c in entry.cases]
+            # refused now, with its cost, not after minutes of silence (the mode as overridden)
+            too_big = full_mode_problem(cases[0]) if cases else None
+            if too_big:   # one error for the declaration, not one per variant
+                how = ", with --gradgate-mode full" if entry.cases[0].mode != cases[0].mode else ""
+                errors.append(CaseError(f"case '{entry.name}'{how}: {too_big}", self.path, entry.line))
+                continue
+            for case in cases:
                 yield CaseItem.from_parent(self, name=f"{case.name}[{case.variant}]", case=case)
         for err in errors:
             yield InvalidCaseItem.from_parent(self, name=f"line{err.line or 0}[invalid]", error=err)
