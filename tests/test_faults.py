@@ -337,5 +337,16 @@ def test_a_param_name_cannot_inject_a_workflow_command(pytester, default_build, 
     assert result.ret == 1
     commands = [line for line in result.stdout.lines if line.startswith("::")]
     assert len(commands) == 1 and "pwned" in commands[0] and commands[0].startswith("::error file=")
-    assert "%0A::error file=x::pwned" in commands[0]     # escaped: one annotation, no second command
+    assert "\\n::error file=x::pwned" in commands[0]     # its repr: one annotation, no second command
     result.stdout.fnmatch_lines(["invalid case: */gradgate_evil.yaml:3: param name *must be an identifier*"])
+
+
+def test_the_step_summary_cells_hold_no_markup_or_line_breaks():
+    """Before: a cell kept `<`, `>` and backticks: HTML or a code span's end reached the
+    job summary as markup."""
+    from pytest_gradgate.report import outputs
+    record = {"case_id": "x[none-sqr-cpu]", "status": "failed", "outcome": "failed", "phase": "done",
+              "maa": 2.0, "max_maa": 1e-4, "diagnosis": "a <img src=x> | b `c`\n## d", "origin": {}}
+    rows = [line for line in outputs.step_summary([record]).splitlines() if line.startswith("| `x")]
+    assert len(rows) == 1
+    assert "&lt;img src=x&gt; \\| b 'c' ## d" in rows[0] and "<img" not in rows[0]

@@ -15,7 +15,7 @@ import yaml
 from pytest_gradgate.declare.case import DEFAULT_EPS, DEFAULT_MAX_MAA, DEFAULT_STENCIL, Case
 from pytest_gradgate.ops.consumers import CONSUMERS, DEFAULT_CONSUMERS, check_consumer
 from pytest_gradgate.errors import CaseError
-from pytest_gradgate.declare.expr import parse_graph
+from pytest_gradgate.declare.expr import clip, parse_graph
 from pytest_gradgate.declare.graph import infer_shapes
 from pytest_gradgate.ops.losses import LOSSES
 
@@ -38,6 +38,9 @@ CASE_KEYS = {
     "timeout": "seconds before the case is killed (default: sized to the case)",
 }
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+# params and inputs are named in graph expressions: identifiers. Nothing else may reach the
+# failure text, where a newline would start a line of its own (a GitHub workflow command)
+TENSOR_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 BACKENDS = ("cpu", "cuda")
 INPUT_KEYS = {"type", "values", "shape", "init"}
 
@@ -196,6 +199,12 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
     params = raw["params"]
     if not isinstance(params, dict) or not params:
         raise CaseError("'params' must map at least one name to a shape, e.g. a: [4, 3]", *at("params"))
+    for kind, names in (("param", params), ("input", raw.get("inputs") or {})):
+        for tname in names if isinstance(names, dict) else ():
+            if not isinstance(tname, str) or not TENSOR_NAME_RE.match(tname):
+                raise CaseError(f"{kind} name {clip(repr(tname))} must be an identifier (letters, digits and _, "
+                                "not starting with a digit, at most 64): graph expressions refer to it by name",
+                                *at("params" if kind == "param" else "inputs"))
     for pname, shape in params.items():
         if (not isinstance(shape, list) or not 1 <= len(shape) <= 4 or
                 not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in shape)):

@@ -118,7 +118,8 @@ def one_line(r):
         return r.get("message") or "fixed: remove it from the baseline"
     what = (f"MAA {_fmt(r.get('maa'))} > {_fmt(r.get('limit') or r.get('max_maa'))}"
             if r["status"] == "failed" and r.get("maa") is not None else f"{r['status']} in phase {r['phase']}")
-    return f"{what}: {r.get('diagnosis') or r.get('message') or ''}".rstrip(": ")
+    text = f"{what}: {r.get('diagnosis') or r.get('message') or ''}".rstrip(": ")
+    return " ".join(text.splitlines())   # one line: the terminal summary prints it under GitHub Actions too
 
 
 def _annotation(path, line, title, message, workspace=None):
@@ -146,7 +147,10 @@ def annotations(results, workspace=None, invalid=()):
 
 
 def _cell(text):
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """Text for a Markdown table cell (or list item): one line, no column break, no HTML, no code span end."""
+    text = " ".join(str(text).splitlines())
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("|", "\\|").replace("`", "'"))
 
 
 def step_summary(results, source_label=None):
