@@ -210,7 +210,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_sep("=", "gradgate failures")
         for r in failed:
             # the node id: two files may hold cases of the same name
-            terminalreporter.write_line(f"{r.get('nodeid') or r['case_id']}: {outputs.one_line(r)}")
+            # on one line: under GitHub Actions a line of its own that starts with :: is a command
+            line = " ".join(outputs.one_line(r).splitlines())
+            terminalreporter.write_line(f"{r.get('nodeid') or r['case_id']}: {line}")
     if blind:
         terminalreporter.write_sep("-", "gradgate blind cases (a scrambled gradient would pass them)")
         for r in blind:

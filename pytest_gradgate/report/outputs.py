@@ -118,8 +118,7 @@ def one_line(r):
         return r.get("message") or "fixed: remove it from the baseline"
     what = (f"MAA {_fmt(r.get('maa'))} > {_fmt(r.get('limit') or r.get('max_maa'))}"
             if r["status"] == "failed" and r.get("maa") is not None else f"{r['status']} in phase {r['phase']}")
-    text = f"{what}: {r.get('diagnosis') or r.get('message') or ''}".rstrip(": ")
-    return " ".join(text.splitlines())   # one line: the terminal summary prints it under GitHub Actions too
+    return f"{what}: {r.get('diagnosis') or r.get('message') or ''}".rstrip(": ")
 
 
 def _annotation(path, line, title, message, workspace=None):
