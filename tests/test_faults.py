@@ -350,3 +350,62 @@ def test_the_step_summary_cells_hold_no_markup_or_line_breaks():
     rows = [line for line in outputs.step_summary([record]).splitlines() if line.startswith("| `x")]
     assert len(rows) == 1
     assert "&lt;img src=x&gt; \\| b 'c' ## d" in rows[0] and "<img" not in rows[0]
+
+
+# -- 9. user errors are file:line errors at load, not ggml crashes or tracebacks -----------------
+USER_ERRORS = """\
+cases:
+  - name: row_99
+    params: {a: [4, 6]}
+    inputs: {r: {type: i32, values: [0, 99]}}
+    graph: get_rows(a, r)
+    consumers: [none]
+  - name: row_minus_5
+    params: {a: [4, 6]}
+    inputs: {r: {type: i32, values: [-5]}}
+    graph: get_rows(a, r)
+    consumers: [none]
+  - name: i32_overflow
+    params: {a: [4, 6]}
+    inputs: {r: {type: i32, values: [4294967296]}}
+    graph: get_rows(a, r)
+    consumers: [none]
+  - name: no_param_used
+    params: {a: [4]}
+    inputs: {c: {type: f32, shape: [4]}}
+    graph: sin(c)
+    consumers: [none]
+  - name: unused_param
+    params: {a: [4], b: [4]}
+    graph: sin(a)
+    consumers: [none]
+  - name: cuda_only
+    params: {a: [4]}
+    graph: sin(a)
+    backends: [cuda]
+  - name: fine
+    params: {a: [4, 6]}
+    inputs: {r: {type: i32, values: [5, 0]}}
+    graph: get_rows(a, r)
+    consumers: [none]
+"""
+
+
+def test_user_errors_are_errors_at_their_line(pytester, default_build):
+    """Before: rows 99 and -5 were ggml aborts (crashed in phase compute), 2^32 an
+    OverflowError traceback, a graph without params ggml's "no trainable parameters" abort,
+    an unused param silently passed, and the cuda-only case vanished (alone: rc 5)."""
+    (pytester.path / "gradgate_user.yaml").write_text(USER_ERRORS)
+    result = run_gate(pytester, "-rs")
+    result.stdout.fnmatch_lines([
+        "invalid case: */gradgate_user.yaml:5: graph line 1 'get_rows(a, r)': get_rows: row 99 is not a row of a, "
+        "which has 6 (ne1 of *); rows must be 0 to 5",
+        "invalid case: */gradgate_user.yaml:10: graph line 1 'get_rows(a, r)': get_rows: row -5 is not a row*",
+        "invalid case: */gradgate_user.yaml:14: input 'r': i32 values must be from -2147483648 to 2147483647, "
+        "got 4294967296",
+        "invalid case: */gradgate_user.yaml:18: the graph uses none of the params (a)*",
+        "invalid case: */gradgate_user.yaml:23: param(s) b not used by the graph*",
+    ], consecutive=False)
+    result.stdout.fnmatch_lines(["SKIPPED * */gradgate_user.yaml:26: case 'cuda_only' is for other backends*"])
+    result.assert_outcomes(passed=1, errors=5, skipped=1)
+    assert "Traceback" not in result.stdout.str() and "crashed" not in result.stdout.str()

@@ -15,7 +15,7 @@ import yaml
 from pytest_gradgate.declare.case import DEFAULT_EPS, DEFAULT_MAX_MAA, DEFAULT_STENCIL, Case
 from pytest_gradgate.ops.consumers import CONSUMERS, DEFAULT_CONSUMERS, check_consumer
 from pytest_gradgate.errors import CaseError
-from pytest_gradgate.declare.expr import clip, parse_graph
+from pytest_gradgate.declare.expr import Call, Ref, clip, parse_graph
 from pytest_gradgate.declare.graph import infer_shapes
 from pytest_gradgate.ops.losses import LOSSES
 
@@ -180,6 +180,33 @@ def _names(value, key, known, where, what):
     return names
 
 
+def _names_read(lines):
+    found = set()
+
+    def visit(node):
+        if isinstance(node, Ref):
+            found.add(node.name)
+        elif isinstance(node, Call):
+            for a in node.args:
+                visit(a)
+            for _, v in node.kwargs:
+                visit(v)
+    for line in lines:
+        visit(line.expr)
+    return found
+
+
+def _check_params_used(lines, params, where):
+    """Every param must reach the graph: ggml refuses a graph with no trainable parameters
+    (an abort), and an unused one would be reported as checked when nothing checked it."""
+    unused = [p for p in params if p not in _names_read(lines)]
+    if len(unused) == len(params):
+        raise CaseError(f"the graph uses none of the params ({', '.join(params)}): ggml has no gradient "
+                        "to compute; use them in the graph, or declare constants under inputs", *where)
+    if unused:
+        raise CaseError(f"param(s) {', '.join(unused)} not used by the graph: remove them, or use them", *where)
+
+
 def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), builtin=False):
     """Validate one case mapping and expand it over consumers x losses x backends."""
     key_lines = key_lines or {}
@@ -232,6 +259,9 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
                     isinstance(v, number) and not isinstance(v, bool) for v in values):
                 raise CaseError(f"input '{iname}': values must be a non-empty list of "
                                 f"{'integers' if kind == 'i32' else 'numbers'}", *at("inputs"))
+            if kind == "i32" and not all(-2**31 <= v < 2**31 for v in values):
+                raise CaseError(f"input '{iname}': i32 values must be from {-2**31} to {2**31 - 1}, got "
+                                f"{next(v for v in values if not -2**31 <= v < 2**31)}", *at("inputs"))
             if shape is not None and len(values) != prod(shape):
                 raise CaseError(f"input '{iname}': {len(values)} values do not fill shape {shape} "
                                 f"({prod(shape)} elements)", *at("inputs"))
@@ -277,7 +307,11 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
                     directions=directions, timeout=timeout,
                     builtin=builtin, origin={"path": str(path), "line": line})
     try:
-        parse_graph(raw["graph"])
+        lines = parse_graph(raw["graph"])
+    except CaseError as exc:
+        raise CaseError(str(exc), *at("graph")) from None
+    _check_params_used(lines, params, at("params"))
+    try:
         out_shape = infer_shapes(template)
     except CaseError as exc:
         # point at the offending line of a multi-line graph, else at `graph:`

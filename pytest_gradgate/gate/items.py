@@ -33,6 +33,10 @@ class CaseFile(pytest.File):
         loaded, errors = load_file(self.path, state.backends, builtin=is_builtin(self.path))
         mode = state.settings["mode"]   # --gradgate-mode overrides every case's own mode
         for entry in loaded:
+            if not entry.cases:   # its backends are none of this run's: say so, do not vanish
+                yield NotBuiltItem.from_parent(self, name=f"{entry.name}[not-built]", entry=entry,
+                                               backends=state.backends)
+                continue
             cases = [dataclasses.replace(c, mode=mode) if mode and c.mode != mode else c for c in entry.cases]
             # refused now, with its cost, not after minutes of silence (the mode as overridden)
             too_big = full_mode_problem(cases[0]) if cases else None
@@ -109,6 +113,22 @@ class InvalidCaseItem(pytest.Item):
 
     def reportinfo(self):
         return self.path, (self.error.line or 1) - 1, f"invalid case at line {self.error.line}"
+
+
+class NotBuiltItem(pytest.Item):
+    """A case for backends this run does not build (a cuda-only case on a CPU run): a skip
+    that says where it is declared and how to run it."""
+
+    def __init__(self, *, entry, backends, **kwargs):
+        super().__init__(**kwargs)
+        self.entry, self.backends = entry, backends
+
+    def runtest(self):
+        pytest.skip(f"{self.entry.path}:{self.entry.line}: case '{self.entry.name}' is for other backends than "
+                    f"this run's ({', '.join(self.backends)}); run it with --gradgate-backend cuda or all")
+
+    def reportinfo(self):
+        return self.path, self.entry.line - 1, f"{self.entry.name} (not built)"
 
 
 def _track_start_failures(state, result, session):
