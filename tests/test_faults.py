@@ -409,3 +409,30 @@ def test_user_errors_are_errors_at_their_line(pytester, default_build):
     result.stdout.fnmatch_lines(["SKIPPED * */gradgate_user.yaml:26: case 'cuda_only' is for other backends*"])
     result.assert_outcomes(passed=1, errors=5, skipped=1)
     assert "Traceback" not in result.stdout.str() and "crashed" not in result.stdout.str()
+
+
+# -- 10. smaller points ---------------------------------------------------------------------
+def test_a_yaml_string_number_is_named_and_invalid_cases_reach_the_json_report(pytester, default_build):
+    """Before: `max_maa: 1e-4` (a string to PyYAML) got "'max_maa' must be a positive
+    number, got '1e-4'", and the JSON report had no trace of the invalid case."""
+    (pytester.path / "gradgate_s.yaml").write_text(
+        f"cases:\n  - name: s\n    max_maa: 1e-4\n{PASSING}  - name: ok\n{PASSING}")
+    result = run_gate(pytester, "--gradgate-json", "r.json")
+    result.stdout.fnmatch_lines(["invalid case: */gradgate_s.yaml:3: 'max_maa' is the string '1e-4' to YAML, "
+                                 "not a number; write it with a dot and a signed exponent, e.g. 1.0e-4"])
+    doc = json.loads((pytester.path / "r.json").read_text())
+    assert [(i["path"], i["line"]) for i in doc["invalid_cases"]] == [(str(pytester.path / "gradgate_s.yaml"), 3)]
+    assert doc["invalid_cases"][0]["message"].startswith("'max_maa' is the string '1e-4' to YAML")
+    assert result.ret == 1
+
+
+def test_a_report_that_cannot_be_written_fails_the_run_and_leaves_no_temp_file(pytester, default_build):
+    """Before: with --gradgate-json naming a folder the run said "could not write" and still
+    exited 0, and left r.json.tmp behind."""
+    case_file(pytester.path / "gradgate_one.yaml", "one", PASSING)
+    (pytester.path / "r.json").mkdir()
+    result = run_gate(pytester, "--gradgate-json", "r.json")
+    result.stdout.fnmatch_lines(["gradgate: could not write the JSON report (--gradgate-json): *"])
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert not (pytester.path / "r.json.tmp").exists()

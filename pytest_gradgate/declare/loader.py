@@ -138,7 +138,19 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
     return loaded, errors
 
 
+def _looks_like_a_number(value):
+    try:
+        float(value)
+        return isinstance(value, str)
+    except ValueError:
+        return False
+
+
 def _number(value, key, where, positive=True):
+    if _looks_like_a_number(value):
+        # YAML 1.1 (PyYAML) reads 1e-4, without a dot, as a string
+        raise CaseError(f"'{key}' is the string {value!r} to YAML, not a number; write it with a dot and a "
+                        f"signed exponent, e.g. {float(value):.1e}".replace("e-0", "e-").replace("e+0", "e+"), *where)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and not value > 0):
         raise CaseError(f"'{key}' must be a positive number, got {value!r}", *where)
     if not math.isfinite(value):

@@ -99,10 +99,8 @@ class Baseline:
     def save(self):
         data = {"schema": SCHEMA, "ggml_version": self.ggml_version,
                 "entries": {k: self.entries[k] for k in sorted(self.entries)}}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        tmp.replace(self.path)
+        from pytest_gradgate.report.outputs import write_atomically
+        write_atomically(self.path, json.dumps(data, indent=1) + "\n")
 
 
 def xfail_reason(entry, result):
