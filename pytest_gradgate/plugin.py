@@ -86,7 +86,7 @@ def pytest_report_header(config):
         return None
     lines = [f"gradgate: ggml from {state.source.label}; {state.settings['build_type']} build for "
              f"{', '.join(state.backends)}, made or found when the first case runs",
-             f"gradgate: isolate={state.settings['isolate']}"]
+             f"gradgate: isolate={state.settings['isolate']}" + _no_fork_note(state)]
     b = state.baseline
     if b is not None:
         line = f"gradgate: baseline {b.path} ({len(b)} known failures"
@@ -97,6 +97,13 @@ def pytest_report_header(config):
     if state.baseline_note:
         lines.append(f"gradgate: {state.baseline_note}")
     return lines
+
+
+def _no_fork_note(state):
+    from pytest_gradgate.isolation.protocol import fork_available
+    if state.settings["isolate"] != "case" or fork_available():
+        return ""
+    return " (no fork here: each case runs in the worker process, which a crash replaces)"
 
 
 def pytest_collect_file(file_path, parent):

@@ -226,7 +226,7 @@ class Runner:
             self.lib = self.lib or binding.load(self.library)
             return run_case(case, self.lib)
         # a CUDA context must never exist in a process that forks: run such cases in the worker itself
-        isolate = "worker" if case.backend != "cpu" or not hasattr(os, "fork") else self.isolate
+        isolate = "worker" if case.backend != "cpu" or not protocol.fork_available() else self.isolate
         message = protocol.encode(protocol.CASE, case=case.to_dict(), isolate=isolate, timeout=timeout,
                                   max_memory=self.max_memory, backtrace=self.backtrace)
         # isolate=case: the worker enforces the timeout on its child and answers; allow it

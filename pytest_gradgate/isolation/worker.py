@@ -330,7 +330,7 @@ def main(argv=None):
     except Exception as exc:
         send(protocol.FATAL, reason=f"{type(exc).__name__}: {exc}")
         return 3
-    forking = ForkingRunner(lib, channel_fd) if hasattr(os, "fork") else None
+    forking = ForkingRunner(lib, channel_fd) if protocol.fork_available() else None
     if forking is not None:
         forking.warm_up()
     capped = False
