@@ -8,11 +8,13 @@ crash cap); a library that cannot load at all is marked Diagnosis.BROKEN_BUILD s
 """
 
 import os
+import queue
 import select
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
@@ -75,6 +77,9 @@ class Worker:
             env=env, bufsize=0)
         self._buffer = b""
         self._stderr_start = 0
+        # select() works on pipes only where there is fork (POSIX); elsewhere (Windows) a
+        # thread reads them. The no-fork path uses it on every platform, so tests run it
+        self._chunks = None if protocol.fork_available() else _pipe_reader(self.proc.stdout)
         phase, event, fields = Phase.STARTUP, None, {}
         try:
             while True:
@@ -110,22 +115,36 @@ class Worker:
         except OSError:
             return ""
 
+    def _read_chunk(self, left):
+        """Bytes from the worker's stdout, b"" at EOF, None if none came within `left` s."""
+        if self._chunks is not None:
+            try:
+                return self._chunks.get(timeout=left)
+            except queue.Empty:
+                return None
+        fd = self.proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], left)
+        return os.read(fd, 1 << 16) if ready else None
+
     def _read_message(self, timeout):
         deadline = time.monotonic() + timeout
-        fd = self.proc.stdout.fileno()
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
+            chunk = self._read_chunk(left)
+            if chunk is None:
                 continue
-            chunk = os.read(fd, 1 << 16)
             if not chunk:
+                self._chunks_at_eof()
                 return None
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         return protocol.decode(line)
+
+    def _chunks_at_eof(self):
+        if self._chunks is not None:
+            self._chunks.put(b"")   # EOF stays EOF for the next read
 
     def alive(self):
         return self.proc.poll() is None
@@ -302,6 +321,23 @@ class Runner:
         ggml_msg = ggml_message(result.stderr_tail)
         result.message = f"crashed ({crash.how}) in phase {phase}" + (f": {ggml_msg}" if ggml_msg else "")
         return result.finish(Status.CRASHED, phase, started=started)
+
+
+def _pipe_reader(stream):
+    """A queue of what a thread reads from `stream`; b"" once it ends."""
+    chunks = queue.Queue()
+
+    def pump():
+        try:
+            while True:
+                chunk = stream.read1(1 << 16) if hasattr(stream, "read1") else stream.read(1 << 16)
+                chunks.put(chunk)
+                if not chunk:
+                    return
+        except (OSError, ValueError):   # closed under us
+            chunks.put(b"")
+    threading.Thread(target=pump, name="gradgate-worker-reader", daemon=True).start()
+    return chunks
 
 
 def _status_of(exitcode):

@@ -84,7 +84,7 @@ def _apply_memory_cap(max_memory, baseline):
 def _find_prctl():
     try:
         return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux
+    except (OSError, AttributeError, TypeError):  # not Linux (Windows: no CDLL(None))
         return None
 
 
