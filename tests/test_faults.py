@@ -436,3 +436,41 @@ def test_a_report_that_cannot_be_written_fails_the_run_and_leaves_no_temp_file(p
     result.assert_outcomes(passed=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert not (pytester.path / "r.json.tmp").exists()
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.slow
+def test_a_worker_killed_during_a_case_is_not_said_to_die_in_startup(pytester, ggml_variant):
+    """Before: a worker killed (SIGKILL) while its child ran a case was reported as
+    "crashed (SIGKILL) in phase startup", as if the case had never begun."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    root, _ = ggml_variant("deaths")
+    (pytester.path / "gradgate_hang.yaml").write_text(
+        "cases:\n"
+        "  - name: hang\n    params: {a: [4, 3]}\n    graph: scale(a, s=17)\n    consumers: [none]\n    timeout: 600\n"
+        f"  - name: after\n{PASSING}")
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--gradgate", "--gradgate-no-builtin", "-p",
+                             "no:cacheprovider", ".", "--gradgate-ggml-src", str(root), "--gradgate-json", "r.json"],
+                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            workers = _children(proc.pid)
+            if workers and len(_children(workers[0])) >= 2:   # the case's child and the next spare
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, "the case never started"
+            time.sleep(0.1)
+        time.sleep(1.0)
+        os.kill(workers[0], signal.SIGKILL)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+        proc.wait()
+    cases = {c["name"]: c for c in json.loads((pytester.path / "r.json").read_text())["cases"]}
+    assert (cases["hang"]["status"], cases["hang"]["phase"]) == ("error", "unknown"), out[-3000:]
+    assert "the worker process died (SIGKILL) while its child ran the case" in cases["hang"]["message"]
+    assert cases["after"]["status"] == "passed"

@@ -277,7 +277,20 @@ class Runner:
             reply = self._reply_from_dead_worker(worker, phase, timed_out)
             worker.close()
             self.worker = None
+            if isolate == "case" and reply[0] == protocol.CRASH:
+                return self._worker_died_during_case(case, Crash(**reply[1]), started)
         return self._to_result(case, reply, timeout, started)
+
+    @staticmethod
+    def _worker_died_during_case(case, crash, started):
+        """isolate=case: the worker, not the case's child, died (killed from outside, say).
+        The child's phase was on the worker's page, gone with it: say so, not "startup"."""
+        result = Result.for_case(case)
+        result.signal, result.stderr_tail = crash.signal, crash.stderr
+        result.kind = Diagnosis.DIED
+        result.diagnosis = (f"the worker process died ({crash.how}) while its child ran the case (killed from "
+                            "outside?); the phase the case had reached is unknown")
+        return result.finish(Status.ERROR, Phase.UNKNOWN, message=result.diagnosis, started=started)
 
     @staticmethod
     def _reply_from_dead_worker(worker, phase, timed_out):
