@@ -474,3 +474,18 @@ def test_a_worker_killed_during_a_case_is_not_said_to_die_in_startup(pytester, g
     assert (cases["hang"]["status"], cases["hang"]["phase"]) == ("error", "unknown"), out[-3000:]
     assert "the worker process died (SIGKILL) while its child ran the case" in cases["hang"]["message"]
     assert cases["after"]["status"] == "passed"
+
+
+def test_an_assert_after_a_large_case_is_not_blamed_on_the_memory_cap(pytester, default_build):
+    """Before: with --gradgate-isolate worker the worker's lifetime peak (here from the large
+    case before) counted as the crash's growth: add1's shape assert was reported "(it had
+    grown by 928 MiB against the --gradgate-max-memory cap of 1G: ...)"."""
+    (pytester.path / "gradgate_seq.yaml").write_text(
+        "cases:\n"
+        "  - name: big\n    mode: fast\n    params: {a: [4096, 2048]}\n    graph: sqr(a)\n    consumers: [none]\n"
+        f"  - name: crash\n{CRASHING}")
+    result = run_gate(pytester, "--gradgate-isolate", "worker", "--gradgate-max-memory", "1G",
+                      "--gradgate-json", "r.json")
+    cases = {c["name"]: c for c in json.loads((pytester.path / "r.json").read_text())["cases"]}
+    assert cases["crash"]["status"] == "crashed" and "GGML_ASSERT" in cases["crash"]["diagnosis"]
+    assert "--gradgate-max-memory" not in cases["crash"]["diagnosis"], result.stdout.str()[-2000:]

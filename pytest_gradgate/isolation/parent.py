@@ -9,6 +9,7 @@ crash cap); a library that cannot load at all is marked Diagnosis.BROKEN_BUILD s
 
 import os
 import queue
+import re
 import select
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from pytest_gradgate.check.result import Result
 from pytest_gradgate.isolation import protocol
 from pytest_gradgate.isolation.crash import Crash, explain, ggml_message, stderr_excerpt
 
+_ALLOCATION_WORDS = re.compile(r"alloc|out of memory|Cannot allocate", re.I)
 BROKEN_BUILD_TEXT = "broken build: the worker cannot load the library, so no case can run"
 # seconds the parent waits beyond a case's timeout for the worker to report it (isolate=case:
 # the worker kills the child itself and then answers)
@@ -326,12 +328,17 @@ class Runner:
         result.signal = crash.signal
         result.stderr_tail = crash.stderr
         result.kind, explanation = explain(phase, crash.stderr)
-        if self.max_memory and crash.grew_by >= self.max_memory // 2:
+        ggml_msg = ggml_message(result.stderr_tail)
+        # a dead worker's peak is its whole life's (isolate=worker: earlier cases' too), so the
+        # cap is only named for a death that looks like a failed allocation: no message of
+        # ggml's, or one about allocating; never for an assert on shapes or on ggml's own pool
+        looks_like_allocation = not ggml_msg or (_ALLOCATION_WORDS.search(crash.stderr or "") and
+                                                 "memory pool" not in (crash.stderr or ""))
+        if self.max_memory and crash.grew_by >= self.max_memory // 2 and looks_like_allocation:
             # RLIMIT_AS counts address space, ru_maxrss resident pages: half the cap is near enough
             explanation += (f" (it had grown by {crash.grew_by >> 20} MiB against the --gradgate-max-memory cap "
                             f"of {format_size(self.max_memory)}: an allocation beyond the cap fails)")
         result.diagnosis = explanation
-        ggml_msg = ggml_message(result.stderr_tail)
         result.message = f"crashed ({crash.how}) in phase {phase}" + (f": {ggml_msg}" if ggml_msg else "")
         return result.finish(Status.CRASHED, phase, started=started)
 
