@@ -82,6 +82,10 @@ class Checker:
         if not cases:
             pytest.fail(f"invalid gradgate check: backend {backend!r} is not built in this session "
                         f"(--gradgate-backend gives {', '.join(state.backends)})", pytrace=False)
+        from pytest_gradgate.declare.case import full_mode_problem
+        too_big = full_mode_problem(cases[0])
+        if too_big:
+            pytest.fail(f"invalid gradgate check: {too_big}", pytrace=False)
         return state, cases[0]
 
     def run(self, graph, params, **fields):

@@ -86,7 +86,7 @@ def pytest_report_header(config):
         return None
     lines = [f"gradgate: ggml from {state.source.label}; {state.settings['build_type']} build for "
              f"{', '.join(state.backends)}, made or found when the first case runs",
-             f"gradgate: isolate={state.settings['isolate']}"]
+             f"gradgate: isolate={state.settings['isolate']}" + _no_fork_note(state)]
     b = state.baseline
     if b is not None:
         line = f"gradgate: baseline {b.path} ({len(b)} known failures"
@@ -94,7 +94,16 @@ def pytest_report_header(config):
             line += f", recorded on ggml {b.ggml_version}"
         line += "; rewritten at the end of this run)" if state.update_baseline else ")"
         lines.append(line)
+    if state.baseline_note:
+        lines.append(f"gradgate: {state.baseline_note}")
     return lines
+
+
+def _no_fork_note(state):
+    from pytest_gradgate.isolation.protocol import fork_available
+    if state.settings["isolate"] != "case" or fork_available():
+        return ""
+    return " (no fork here: each case runs in the worker process, which a crash replaces)"
 
 
 def pytest_collect_file(file_path, parent):
@@ -142,6 +151,7 @@ def pytest_runtest_makereport(item, call):
         data["skip_reason"] = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
         data["baseline"] = getattr(item, "gradgate_baseline", None)    # "known", "stale" or None
         data["nodeid"] = item.nodeid
+        data["baseline_key"] = getattr(item, "gradgate_baseline_key", None)   # gate items only
         if data["baseline"] == "stale":
             data["message"] = getattr(item, "gradgate_stale_text", data["message"])
         report.gradgate_result = data
@@ -206,7 +216,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if failed:
         terminalreporter.write_sep("=", "gradgate failures")
         for r in failed:
-            terminalreporter.write_line(f"{r['case_id']}: {outputs.one_line(r)}")
+            # the node id: two files may hold cases of the same name
+            # on one line: under GitHub Actions a line of its own that starts with :: is a command
+            line = " ".join(outputs.one_line(r).splitlines())
+            terminalreporter.write_line(f"{r.get('nodeid') or r['case_id']}: {line}")
     if blind:
         terminalreporter.write_sep("-", "gradgate blind cases (a backward reading its incoming gradient from other positions would pass them)")
         for r in blind:

@@ -57,7 +57,7 @@ def _run_suite(workdir):
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "gradgate_dump.py").write_text(textwrap.dedent(DUMP_PLUGIN))
     baseline = workdir / "empty-baseline.json"
-    baseline.write_text(json.dumps({"schema": 1, "entries": {}}))
+    baseline.write_text(json.dumps({"schema": 2, "entries": {}}))
     dump = workdir / "reports.json"
     env = dict(os.environ, GRADGATE_CACHE_DIR=str(USER_CACHE), GRADGATE_TEST_DUMP=str(dump),
                PYTHONPATH=os.pathsep.join([str(workdir), os.environ.get("PYTHONPATH", "")]))
@@ -202,7 +202,8 @@ def test_the_mul_mat_ne3_broadcast_is_an_item_and_a_known_upstream_gap(baseline)
     """The parameter axes make MUL_MAT's broadcast over ne3 an item of the built-in suite; ggml
     aborts on it (0.15.3 and 0.26.0 alike), so both shipped baselines record the crash."""
     entries = json.loads((Path(pytest_gradgate.__file__).parent / "gate" / baseline).read_text())["entries"]
-    broadcast = {k: v for k, v in entries.items() if k.startswith("mul_mat_broadcast,n2=6,n3=1[")}
+    broadcast = {k: v for k, v in entries.items()
+                 if k.startswith("pytest_gradgate/cases.yaml::mul_mat_broadcast,n2=6,n3=1[")}
     assert broadcast, f"{baseline} has no mul_mat ne3 broadcast item"
     for entry in broadcast.values():
         assert entry["status"] == "crashed" and "GGML_ASSERT(tmp->ne[3] == 1)" in entry["reason"]

@@ -20,6 +20,7 @@ from pytest_gradgate.gate.baseline import STALE_TEXT, Baseline, normalise_reason
 
 SQR_ID = "concat_dim1[permute_0213_transpose-sqr-cpu]"
 SUM_ID = "concat_dim1[permute_0213_transpose-sum-cpu]"
+SQR_KEY = "concat_cases.yaml::" + SQR_ID     # its baseline key: file and case id
 CASES = """\
 cases:
   # DESIGN.md's gating case (sqr) and its blind SUM-loss twin
@@ -116,14 +117,14 @@ def test_fixed_concat_passes_and_prints_no_failure_output(pytester, ggml_variant
 
 # -- the baseline ------------------------------------------------------------------------------
 def write_baseline(path, entries):
-    path.write_text(json.dumps({"schema": 1, "ggml_version": "0.15.3", "entries": entries}))
+    path.write_text(json.dumps({"schema": 2, "ggml_version": "0.15.3", "entries": entries}))
     return path
 
 
 @pytest.mark.slow
 def test_new_failure_fails_the_gate_despite_a_baseline(pytester, ggml_variant):
     root, _ = ggml_variant("concat-buggy")
-    baseline = write_baseline(pytester.path / "baseline.json", {"other[none-sqr-cpu]": {"status": "failed",
+    baseline = write_baseline(pytester.path / "baseline.json", {"concat_cases.yaml::other[none-sqr-cpu]": {"status": "failed",
                                                                                         "reason": "x"}})
     result = gate(pytester, root, "--gradgate-baseline", str(baseline))
     assert result.ret == 1
@@ -138,8 +139,8 @@ def test_update_baseline_records_the_failure_and_then_it_is_a_known_xfail(pytest
                    "--gradgate-json", "update.json")
     assert written.ret == 0, written.stdout.str()
     baseline = Baseline.load(path)
-    assert set(baseline.entries) == {SQR_ID}           # the passing twin is not an entry
-    entry = baseline.get(SQR_ID)
+    assert set(baseline.entries) == {SQR_KEY}          # the passing twin is not an entry
+    entry = baseline.get(SQR_KEY)
     diagnosis = cases_by_id(pytester.path / "update.json")[SQR_ID]["diagnosis"]
     assert entry == {"status": "failed", "reason": normalise_reason(diagnosis)} and diagnosis
     assert baseline.ggml_version == "0.15.3"
@@ -160,7 +161,7 @@ def test_stale_baseline_entry_fails_the_gate(pytester, ggml_variant, monkeypatch
     """A known failure that now passes must leave the baseline (strict xfail)."""
     root, _ = ggml_variant("concat-fixed")
     monkeypatch.setenv("GRADGATE_BASELINE", str(write_baseline(
-        pytester.path / "baseline.json", {SQR_ID: {"status": "failed", "reason": "CONCAT scrambles views"}})))
+        pytester.path / "baseline.json", {SQR_KEY: {"status": "failed", "reason": "CONCAT scrambles views"}})))
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
     result = gate(pytester, root, "--gradgate-json", "r.json")
     assert result.ret == 1
@@ -204,7 +205,7 @@ def test_default_ggml_is_green_with_the_shipped_baseline(pytester, default_build
     validate(doc)
     assert doc["baseline"].endswith("baseline_default.json")
     shipped = Baseline.load(doc["baseline"])
-    known = {c["id"] for c in doc["cases"] if c["outcome"] == "xfailed"}
+    known = {c["nodeid"] for c in doc["cases"] if c["outcome"] == "xfailed"}
     assert known == set(shipped.entries)
     # crashes are counted apart from wrong gradients (the summary, by pytest outcome, folds them
     # together); consumers that fail on their own are neither
@@ -226,7 +227,7 @@ def test_the_newest_ggml_is_green_with_its_shipped_baseline(pytester, newest_ggm
     assert result.ret == 0, result.stdout.str()[-3000:]
     doc = json.loads(report.read_text())
     assert doc["ggml"]["version"] == "0.26.0" and doc["baseline"].endswith("baseline_ggml-0.26.0.json")
-    known = {c["id"] for c in doc["cases"] if c["outcome"] == "xfailed"}
+    known = {c["nodeid"] for c in doc["cases"] if c["outcome"] == "xfailed"}
     assert known == set(Baseline.load(doc["baseline"]).entries)
 
 

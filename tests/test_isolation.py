@@ -165,6 +165,20 @@ def test_each_death_is_one_failed_item_with_isolate_worker(pytester, deaths_ggml
     check_deaths_run(result, pytester.path / "worker.xml")
 
 
+@pytest.mark.slow
+def test_each_death_is_one_failed_item_without_fork(pytester, deaths_ggml, monkeypatch):
+    """The path of Windows and macOS (no child per case), forced on Linux: the worker runs
+    each case itself and is replaced when one kills it. Before GRADGATE_START_METHOD existed
+    this path never ran here (the header said plain isolate=case: every case was forked)."""
+    monkeypatch.setenv("GRADGATE_START_METHOD", "spawn")
+    cases = pytester.makefile(".yaml", gradgate_deaths=DEATHS_YAML)
+    result = pytester.runpytest_subprocess(*gate_args(deaths_ggml, cases, "--gradgate-timeout", "3",
+                                                      "--gradgate-max-memory", "256M", "-ra", "-p", "no:cacheprovider",
+                                                      "--junitxml=spawn.xml"))
+    result.stdout.fnmatch_lines(["gradgate: isolate=case (no fork here: each case runs in the worker process*"])
+    check_deaths_run(result, pytester.path / "spawn.xml")
+
+
 def test_no_backward_reported_and_no_backtrace_by_default(pytester, default_ggml):
     """On the default ggml a user's REGLU case fails with ggml's message and the run goes
     on. Children run with GGML_NO_BACKTRACE (no gdb backtrace in stderr) unless
@@ -199,7 +213,9 @@ def test_under_xdist_results_reach_the_controller(pytester, default_ggml):
     result = pytester.runpytest(*gate_args(default_ggml, cases, "-n", "2"))
     assert result.ret == 1
     result.assert_outcomes(passed=3, failed=1)
-    result.stdout.fnmatch_lines(["*gradgate failures*", "reglu_no_backward*no backward for REGLU in this ggml*"])
+    # node ids: two files may hold cases of the same name
+    result.stdout.fnmatch_lines(["*gradgate failures*",
+                                 "gradgate_other.yaml::reglu_no_backward*no backward for REGLU in this ggml*"])
 
 
 def test_library_that_cannot_load_stops_the_run_with_one_message(pytester, default_ggml, default_build,

@@ -63,7 +63,7 @@ def test_lf_ff_and_sw_rerun_the_failures_of_user_and_builtin_files(pytester):
     since the empty baseline knows no failure."""
     pytester.makefile(".yaml", gradgate_mine=MY_CASES)
     empty = pytester.path / "empty-baseline.json"
-    empty.write_text(json.dumps({"schema": 1, "ggml_version": "0.15.3", "entries": {}}))
+    empty.write_text(json.dumps({"schema": 2, "ggml_version": "0.15.3", "entries": {}}))
     base = ["--gradgate", "--gradgate-baseline", str(empty), "-v", "-rf", "-k", "silu or add"]
     first = pytester.runpytest_subprocess(*base, "--gradgate-cases", "gradgate_mine.yaml")
     failed = set(re.findall(r"^FAILED (\S+)", first.stdout.str(), re.M))

@@ -160,3 +160,13 @@ def test_the_aggregate_gate_script_fails_when_a_needed_job_failed(results, code,
     assert proc.returncode == code, proc.stdout + proc.stderr
     if code:
         assert "::error title=gradgate::failed or cancelled:" in proc.stdout
+
+
+def test_ci_runs_the_gate_on_windows_and_macos():
+    """Fork-per-case does not exist on Windows and is discouraged on macOS: the project's
+    CI runs the gate there too (it cannot run here; these keys are what it needs)."""
+    job = load("ci.yml")["jobs"]["platforms"]
+    assert {"windows-latest", "macos-latest"} <= set(job["strategy"]["matrix"]["os"])
+    assert job["runs-on"] == "${{ matrix.os }}" and job["strategy"]["fail-fast"] is False
+    runs = " ".join(s.get("run", "") for s in job["steps"])
+    assert "pytest --gradgate" in runs and "pip install" in runs

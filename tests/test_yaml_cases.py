@@ -36,7 +36,7 @@ def run_gate(pytester, tmp_path, monkeypatch, default_build):
     # pytester points HOME elsewhere: keep using the cache that holds the default build
     monkeypatch.setenv("GRADGATE_CACHE_DIR", str(USER_CACHE))
     empty = tmp_path / "empty-baseline.json"
-    empty.write_text(json.dumps({"schema": 1, "entries": {}}))
+    empty.write_text(json.dumps({"schema": 2, "entries": {}}))
 
     def run(*args, builtin=False):
         if not (pytester.path / "tox.ini").exists():

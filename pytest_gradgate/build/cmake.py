@@ -169,10 +169,28 @@ def find_build(ggml_root, options):
 
 
 def _load_entry(entry, key):
+    """The published build in `entry`, or None: also for a damaged one (its build-info
+    unreadable or not ours), which make_entry then replaces by a fresh build."""
     info_path = entry / BUILD_INFO
     if not info_path.is_file() or not (entry / LIBRARY_NAME).is_file():
         return None
-    return Build(entry, key, json.loads(info_path.read_text()), cached=True)
+    try:
+        info = json.loads(info_path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or info.get("key") != key or not isinstance(info.get("options"), dict):
+        return None
+    return Build(entry, key, info, cached=True)
+
+
+CACHE_HINT = "set GRADGATE_CACHE_DIR to a writable folder with room for a build (about 100 MB)"
+
+
+def cache_write_error(exc):
+    """One line for an OSError of the cache itself (read-only, full, no permission)."""
+    where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+    return BuildError(f"cannot build ggml: the build cache {builds_dir()} cannot be written "
+                      f"({exc.strerror or exc}{where}); free space there, or {CACHE_HINT}")
 
 
 def ensure_build(ggml_root, options=BuildOptions(), progress=None):
@@ -185,7 +203,10 @@ def ensure_build(ggml_root, options=BuildOptions(), progress=None):
         info["key"] = key
         (staging / BUILD_INFO).write_text(json.dumps(info, indent=2))
 
-    built_now = make_entry(entry, lambda e: _load_entry(e, key) is not None, produce)
+    try:
+        built_now = make_entry(entry, lambda e: _load_entry(e, key) is not None, produce)
+    except OSError as exc:
+        raise cache_write_error(exc) from None
     build = _load_entry(entry, key)
     build.cached = not built_now
     return build
@@ -210,7 +231,11 @@ def run_logged(cmd, log, progress, label, env):
                 m = _MAKE_PROGRESS.match(line)
                 if m:
                     progress(f"{label} [{m.group(1)}%]")
-    return proc.wait()
+    code = proc.wait()
+    # the caller reads (and keeps) the log file as soon as a step fails: what is still in
+    # this file object's buffer is the compiler's error itself
+    log.flush()
+    return code
 
 
 def _tail(path, n=25):
@@ -323,12 +348,31 @@ def _run_cmake(ggml_root, options, staging, progress):
     }
 
 
+LOW_SPACE = 50 << 20
+
+
+def _free_bytes(path):
+    try:
+        return shutil.disk_usage(Path(path).parent).free
+    except OSError:
+        return LOW_SPACE
+
+
 def failed_build(step, staging_log, ggml_root):
-    # keep the log outside the staging folder, which is removed on failure
+    text = Path(staging_log).read_text(errors="replace")
+    # keep the log outside the staging folder, which is removed on failure; on a full disk
+    # that may fail too: the message still carries the log's tail
     kept = builds_dir() / "failed" / f"{int(time.time())}-{os.getpid()}.log"
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(staging_log, kept)
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(staging_log, kept)
+    except OSError:
+        kept = None
     # a compiler's first error explains the rest, which the tail alone may not show
-    first = re.search(r"^\S.*?:\d+:\d+: (?:fatal )?error: .*$", kept.read_text(errors="replace"), re.M)
+    first = re.search(r"^\S.*?:\d+:\d+: (?:fatal )?error: .*$", text, re.M)
     where = f": {first.group(0)}" if first else ""
-    return BuildError(f"CMake {step} of ggml at {ggml_root} failed{where}", log_path=kept, log_tail=_tail(kept))
+    if "No space left on device" in text or _free_bytes(staging_log) < LOW_SPACE:
+        # CMake, ninja and the compilers do not all say so when a write fails for want of space
+        where += f" (No space left on device, or nearly: free space in {builds_dir()}, or {CACHE_HINT})"
+    tail = "\n".join(text.splitlines()[-25:])
+    return BuildError(f"CMake {step} of ggml at {ggml_root} failed{where}", log_path=kept, log_tail=tail)

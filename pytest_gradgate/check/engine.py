@@ -13,7 +13,7 @@ import numpy as np
 from pytest_gradgate.build import binding
 from pytest_gradgate.check import directional, metrics, power, reliability, selfcheck
 from pytest_gradgate.ops.consumers import CONSUMERS
-from pytest_gradgate.declare.expr import main_op, parse_graph
+from pytest_gradgate.declare.expr import main_op, ops_used, parse_graph
 from pytest_gradgate.declare.graph import input_shape, walk
 from pytest_gradgate.ops.losses import LOSSES
 from pytest_gradgate.ops.table import ne4
@@ -111,8 +111,10 @@ def run_case(case, lib, phase=lambda name: None):
     result.op = main_op(lines)
 
     phase(Phase.BUILD_FORWARD)
-    # room for the case's graphs and the power probe's second backward over the same nodes
-    g = GraphBuilder(lib, case, n_tensors=128 + 64 * len(lines))
+    # sized by ops, not lines: one line may nest many (its forward, consumer, loss and backward
+    # tensors), with room for the power probe's second backward over the same nodes
+    n_ops = max(len(lines), len(ops_used(lines)))
+    g = GraphBuilder(lib, case, n_tensors=128 + 64 * n_ops + len(case.params) + len(case.inputs))
     session = None
     try:
         leaves, params = {}, {}

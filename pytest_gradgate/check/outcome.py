@@ -44,6 +44,7 @@ class Phase(_Word):
     NUMERIC = "numeric"
     COMPARE = "compare"
     DONE = "done"                   # got through compare
+    UNKNOWN = "unknown"             # the worker died while its child ran the case: where it was is lost
 
 
 class Diagnosis(_Word):

@@ -13,6 +13,21 @@ DEFAULT_INIT = (-1.0, 1.0)
 # rows has a boundary inside every split that 2 threads would make, and more.
 DEFAULT_THREADS = 3
 
+# full mode evaluates the graph `stencil` times per param element, each time over the whole
+# graph: its cost grows with the square of the size. Beyond this it runs for hours and
+# may not even fit in memory; fast mode (random directions) is for such cases
+MAX_FULL_ELEMENTS = 100_000
+
+
+def full_mode_problem(case):
+    """Why `case` is too large for full mode (with its estimated cost), or None."""
+    n = case.n_param_elements()
+    if case.mode != "full" or n <= MAX_FULL_ELEMENTS:
+        return None
+    return (f"full mode is for up to {MAX_FULL_ELEMENTS:,} param elements; this case has {n:,}: "
+            f"{n * case.stencil:,} evaluations of its whole graph (the work grows with the square of "
+            "the size); use mode: fast (random directions), or smaller params")
+
 
 @dataclass
 class Case:

@@ -11,6 +11,18 @@ from dataclasses import dataclass
 
 from pytest_gradgate.errors import CaseError
 
+# a graph line longer than this is not a hand-written case: refused before Python's parser
+# sees it (a 100,000-term line exhausts its recursion limit or the memory)
+MAX_LINE_CHARS = 4000
+MAX_OPS = 500               # op calls in a whole graph; forward and backward share GRAPH_SIZE nodes
+SHOWN_CHARS = 80            # how much of an expression an error message echoes
+
+
+def clip(text, limit=SHOWN_CHARS):
+    """`text`, or its start and how long it was: messages and JUnit stay readable."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
 
 @dataclass(frozen=True)
 class Ref:
@@ -43,7 +55,7 @@ def _const(node, text):
             return -value
     if isinstance(node, (ast.List, ast.Tuple)):
         return tuple(_const(e, text) for e in node.elts)
-    raise CaseError(f"'{ast.get_source_segment(text, node) or type(node).__name__}' is not allowed in a graph "
+    raise CaseError(f"'{clip(ast.get_source_segment(text, node) or type(node).__name__)}' is not allowed in a graph "
                     "expression (only op calls, names, numbers, strings, booleans and lists)")
 
 
@@ -53,7 +65,7 @@ _WORDS = {"True": True, "False": False, "None": None, "true": True, "false": Fal
 def _convert(node, text):
     if isinstance(node, ast.Call):
         if not isinstance(node.func, ast.Name):
-            raise CaseError(f"'{ast.get_source_segment(text, node.func)}' is not an op name; call ops by their "
+            raise CaseError(f"'{clip(ast.get_source_segment(text, node.func))}' is not an op name; call ops by their "
                             "lowercase ggml name, e.g. mul_mat(a, b)")
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             raise CaseError("*args and **kwargs are not allowed in graph expressions")
@@ -68,11 +80,18 @@ def _convert(node, text):
 
 
 def parse_expression(text):
+    text = text.strip()
+    if len(text) > MAX_LINE_CHARS:
+        raise CaseError(f"graph expression '{clip(text)}' is too long (more than {MAX_LINE_CHARS} characters); "
+                        "split it into 'name = expression' lines")
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        tree = ast.parse(text, mode="eval")
+        return _convert(tree.body, text)
     except SyntaxError as exc:
-        raise CaseError(f"graph expression '{text.strip()}' is not valid: {exc.msg}") from None
-    return _convert(tree.body, text.strip())
+        raise CaseError(f"graph expression '{clip(text)}' is not valid: {exc.msg}") from None
+    except (RecursionError, MemoryError):
+        raise CaseError(f"graph expression '{clip(text)}' is nested too deeply; "
+                        "split it into 'name = expression' lines") from None
 
 
 def parse_graph(graph):
@@ -92,9 +111,13 @@ def parse_graph(graph):
         if sep and head.strip().isidentifier() and not tail.startswith("="):
             target, expr_text = head.strip(), tail
         elif i < len(raw) - 1:
-            raise CaseError(f"graph line {i + 1} '{text.strip()}' must be 'name = expression' "
+            raise CaseError(f"graph line {i + 1} '{clip(text.strip())}' must be 'name = expression' "
                             "(only the last line may be a bare expression)", graph_line=i + 1)
         lines.append(Line(target, parse_expression(expr_text), text.strip(), i))
+    n_ops = len(ops_used(lines))
+    if n_ops > MAX_OPS:
+        raise CaseError(f"the graph has {n_ops} op calls; a case may have at most {MAX_OPS} "
+                        "(check the ops one by one, in smaller cases)")
     return lines
 
 

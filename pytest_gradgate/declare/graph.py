@@ -5,7 +5,7 @@ reported with their line before anything runs; the engine runs it over tensors.
 """
 
 from pytest_gradgate.errors import CaseError
-from pytest_gradgate.declare.expr import Call, Ref, parse_graph
+from pytest_gradgate.declare.expr import Call, Ref, clip, parse_graph
 from pytest_gradgate.ops.table import OPS, ShapeError, ne4
 
 
@@ -103,7 +103,7 @@ def walk(lines, leaves, apply):
         try:
             out = evaluate(line.expr)
         except CaseError as exc:
-            raise CaseError(f"graph line {line.index + 1} '{line.text}': {exc}", graph_line=line.index + 1) from None
+            raise CaseError(f"graph line {line.index + 1} '{clip(line.text)}': {exc}", graph_line=line.index + 1) from None
         if line.target in leaves:
             raise CaseError(f"graph line {line.index + 1} rebinds '{line.target}', which is a param or input",
                             graph_line=line.index + 1)
@@ -120,6 +120,24 @@ def input_shape(spec):
     return ne4([len(values)])
 
 
+class KnownShape(tuple):
+    """A leaf's shape that also carries its values (an i32 input's), so that collection can
+    check the indices an op reads: ggml aborts or reads out of bounds on a bad one."""
+    values = None
+
+
+def _check_rows(tensors):
+    """get_rows reads row `rows[i]` of a: each must be one of a's ne1 rows."""
+    a, rows = tensors["a"], tensors["rows"]
+    for value in getattr(rows, "values", None) or ():
+        if not 0 <= value < a[1]:
+            raise CaseError(f"get_rows: row {value} is not a row of a, which has {a[1]} (ne1 of {list(a)}); "
+                            f"rows must be 0 to {a[1] - 1}")
+
+
+INDEX_CHECKS = {"get_rows": _check_rows}
+
+
 def infer_shapes(case):
     """Output shape of a case's graph, or CaseError saying which line is wrong and why."""
     lines = parse_graph(case.graph)
@@ -131,11 +149,15 @@ def infer_shapes(case):
             raise CaseError(f"param '{name}': {exc}") from None
     for name, spec in case.inputs.items():
         try:
-            leaves[name] = input_shape(spec)
+            leaves[name] = KnownShape(input_shape(spec))
         except ShapeError as exc:
             raise CaseError(f"input '{name}': {exc}") from None
+        if spec.get("type") == "i32" and "values" in spec:
+            leaves[name].values = list(spec["values"])
 
     def apply(spec, tensors, params):
+        if spec.name in INDEX_CHECKS:
+            INDEX_CHECKS[spec.name](tensors)
         try:
             return tuple(spec.shape(tensors, params))
         except ShapeError as exc:

@@ -15,8 +15,8 @@ import yaml
 from pytest_gradgate.declare.case import DEFAULT_EPS, DEFAULT_MAX_MAA, DEFAULT_STENCIL, DEFAULT_THREADS, Case
 from pytest_gradgate.ops.consumers import CONSUMERS, DEFAULT_CONSUMERS, check_consumer
 from pytest_gradgate.errors import CaseError
-from pytest_gradgate.declare.expr import parse_graph
 from pytest_gradgate.declare import vary
+from pytest_gradgate.declare.expr import Call, Ref, clip, parse_graph
 from pytest_gradgate.declare.graph import infer_shapes
 from pytest_gradgate.ops.losses import LOSSES
 
@@ -42,6 +42,9 @@ CASE_KEYS = {
             "values is replaced (see pytest_gradgate/declare/vary.py)",
 }
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-=,]+$")   # "=" and ",": the names vary.expand gives
+# params and inputs are named in graph expressions: identifiers. Nothing else may reach the
+# failure text, where a newline would start a line of its own (a GitHub workflow command)
+TENSOR_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 BACKENDS = ("cpu", "cuda")
 INPUT_KEYS = {"type", "values", "shape", "init"}
 
@@ -71,9 +74,17 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
     """-> (list of LoadedCase, list of CaseError). Never raises for bad content."""
     path = Path(path)
     try:
-        text = path.read_text() if text is None else text
+        raw_bytes = path.read_bytes() if text is None else None
     except OSError as exc:
         return [], [CaseError(f"cannot read case file: {exc.strerror}", path)]
+    if raw_bytes is not None:
+        try:
+            text = raw_bytes.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw_bytes[:exc.start].count(b"\n") + 1
+            column = exc.start - raw_bytes.rfind(b"\n", 0, exc.start)
+            return [], [CaseError(f"not UTF-8 text: byte 0x{raw_bytes[exc.start]:02x} at column {column}; "
+                                  "save the file as UTF-8", path, line)]
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -81,6 +92,8 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
         return [], [CaseError(f"YAML syntax error: {problem}", path, mark.line + 1 if mark else None)]
+    except (RecursionError, MemoryError) as exc:
+        return [], [CaseError(f"the YAML is nested too deeply or too large to read ({type(exc).__name__})", path)]
     if not isinstance(data, dict) or "cases" not in data:
         return [], [CaseError("a case file must be a mapping with a 'cases:' list", path, 1)]
     unknown_top = set(data) - {"cases", "defaults"}
@@ -128,6 +141,9 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
             if exc.path is None:
                 exc.path, exc.line = path, line
             errors.append(exc)
+        except (RecursionError, MemoryError) as exc:
+            errors.append(CaseError(f"the case is too large or nested too deeply to check ({type(exc).__name__}); "
+                                    "split its graph into smaller cases", path, line))
         except (TypeError, ValueError, ArithmeticError) as exc:
             # a value of a shape no check above foresaw: still one error at this case's line,
             # never a traceback that loses the file's other cases
@@ -136,7 +152,19 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
     return loaded, errors
 
 
+def _looks_like_a_number(value):
+    try:
+        float(value)
+        return isinstance(value, str)
+    except ValueError:
+        return False
+
+
 def _number(value, key, where, positive=True):
+    if _looks_like_a_number(value):
+        # YAML 1.1 (PyYAML) reads 1e-4, without a dot, as a string
+        raise CaseError(f"'{key}' is the string {value!r} to YAML, not a number; write it with a dot and a "
+                        f"signed exponent, e.g. {float(value):.1e}".replace("e-0", "e-").replace("e+0", "e+"), *where)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and not value > 0):
         raise CaseError(f"'{key}' must be a positive number, got {value!r}", *where)
     if not math.isfinite(value):
@@ -178,6 +206,33 @@ def _names(value, key, known, where, what):
     return names
 
 
+def _names_read(lines):
+    found = set()
+
+    def visit(node):
+        if isinstance(node, Ref):
+            found.add(node.name)
+        elif isinstance(node, Call):
+            for a in node.args:
+                visit(a)
+            for _, v in node.kwargs:
+                visit(v)
+    for line in lines:
+        visit(line.expr)
+    return found
+
+
+def _check_params_used(lines, params, where):
+    """Every param must reach the graph: ggml refuses a graph with no trainable parameters
+    (an abort), and an unused one would be reported as checked when nothing checked it."""
+    unused = [p for p in params if p not in _names_read(lines)]
+    if len(unused) == len(params):
+        raise CaseError(f"the graph uses none of the params ({', '.join(params)}): ggml has no gradient "
+                        "to compute; use them in the graph, or declare constants under inputs", *where)
+    if unused:
+        raise CaseError(f"param(s) {', '.join(unused)} not used by the graph: remove them, or use them", *where)
+
+
 def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), builtin=False):
     """Validate one case mapping and expand it over consumers x losses x backends."""
     key_lines = key_lines or {}
@@ -197,6 +252,12 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
     params = raw["params"]
     if not isinstance(params, dict) or not params:
         raise CaseError("'params' must map at least one name to a shape, e.g. a: [4, 3]", *at("params"))
+    for kind, names in (("param", params), ("input", raw.get("inputs") or {})):
+        for tname in names if isinstance(names, dict) else ():
+            if not isinstance(tname, str) or not TENSOR_NAME_RE.match(tname):
+                raise CaseError(f"{kind} name {clip(repr(tname))} must be an identifier (letters, digits and _, "
+                                "not starting with a digit, at most 64): graph expressions refer to it by name",
+                                *at("params" if kind == "param" else "inputs"))
     for pname, shape in params.items():
         if (not isinstance(shape, list) or not 1 <= len(shape) <= 4 or
                 not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in shape)):
@@ -224,6 +285,9 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
                     isinstance(v, number) and not isinstance(v, bool) for v in values):
                 raise CaseError(f"input '{iname}': values must be a non-empty list of "
                                 f"{'integers' if kind == 'i32' else 'numbers'}", *at("inputs"))
+            if kind == "i32" and not all(-2**31 <= v < 2**31 for v in values):
+                raise CaseError(f"input '{iname}': i32 values must be from {-2**31} to {2**31 - 1}, got "
+                                f"{next(v for v in values if not -2**31 <= v < 2**31)}", *at("inputs"))
             if shape is not None and len(values) != prod(shape):
                 raise CaseError(f"input '{iname}': {len(values)} values do not fill shape {shape} "
                                 f"({prod(shape)} elements)", *at("inputs"))
@@ -270,7 +334,11 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
                     directions=directions, timeout=timeout, threads=threads,
                     builtin=builtin, origin={"path": str(path), "line": line})
     try:
-        parse_graph(raw["graph"])
+        lines = parse_graph(raw["graph"])
+    except CaseError as exc:
+        raise CaseError(str(exc), *at("graph")) from None
+    _check_params_used(lines, params, at("params"))
+    try:
         out_shape = infer_shapes(template)
     except CaseError as exc:
         # point at the offending line of a multi-line graph, else at `graph:`

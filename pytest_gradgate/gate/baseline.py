@@ -2,8 +2,15 @@
 that already has some and still block every NEW failure.
 
 File format (JSON, versioned):
-    {"schema": 1, "ggml_version": "0.15.3",
-     "entries": {"<case id>": {"status": "crashed", "reason": "..."}}}
+    {"schema": 2, "ggml_version": "0.15.3",
+     "entries": {"<case key>": {"status": "crashed", "reason": "..."}}}
+
+A case key is the case's pytest node id: its file (`pytest_gradgate/cases.yaml` for the
+built-in suite, else the path relative to the rootdir) and its case id, e.g.
+`tests/gradgate_ops.yaml::concat_dim1[transpose-sqr-cpu]`. The name alone is not enough:
+a same-named case of another file, or a user's case named like a built-in, would inherit
+the entry (a new failure shown as known) or make it stale forever. Schema 1 files were
+keyed by the case id alone; they are refused with the command that rewrites them.
 
 A known failure is reported as xfail with its recorded reason; a baseline entry whose case
 now passes fails the gate like a strict xfail, so that the baseline only ever shrinks.
@@ -17,7 +24,7 @@ from pathlib import Path
 
 from pytest_gradgate.errors import GradgateError
 
-SCHEMA = 1
+SCHEMA = 2
 DEFAULT_BASELINE = Path(__file__).parent / "baseline_default.json"
 FAILURE_STATUSES = ("failed", "crashed", "timeout", "error", "consumer-failed")
 STALE_TEXT = "fixed: remove it from the baseline"
@@ -61,8 +68,12 @@ class Baseline:
             raise BaselineError(f"baseline {path}: no such file (write one with --gradgate-update-baseline)") from None
         except (OSError, ValueError) as exc:
             raise BaselineError(f"baseline {path}: not a readable JSON file: {exc}") from None
+        if isinstance(data, dict) and data.get("schema") == 1:
+            raise BaselineError(f"baseline {path}: schema 1 keys entries by case name alone, which a same-named "
+                                "case of another file would match; rewrite it with --gradgate-update-baseline "
+                                f"--gradgate-baseline {path}")
         if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("entries"), dict):
-            raise BaselineError(f"baseline {path}: expected {{\"schema\": {SCHEMA}, \"entries\": {{case id: "
+            raise BaselineError(f"baseline {path}: expected {{\"schema\": {SCHEMA}, \"entries\": {{file::case id: "
                                 "{\"status\", \"reason\"}}}}; regenerate it with --gradgate-update-baseline")
         for case_id, entry in data["entries"].items():
             if not isinstance(entry, dict) or entry.get("status") not in FAILURE_STATUSES:
@@ -70,8 +81,9 @@ class Baseline:
                                     f"{', '.join(FAILURE_STATUSES)}")
         return cls(path, data["entries"], data.get("ggml_version"))
 
-    def get(self, case_id):
-        return self.entries.get(case_id)
+    def get(self, key):
+        """The entry of a case, by its key (key_of)."""
+        return self.entries.get(key)
 
     def __len__(self):
         return len(self.entries)
@@ -79,21 +91,21 @@ class Baseline:
     def updated(self, results, ggml_version):
         """A new baseline from this run's results: every case that ran is re-recorded (its
         failure kept, its pass dropped); entries for cases this run did not select stay."""
-        ran = {r["case_id"] for r in results}
-        entries = {cid: e for cid, e in self.entries.items() if cid not in ran}
-        for r in results:
+        # only the gate's case items have a key: a fixture check is never looked up, so never recorded
+        gated = [r for r in results if r.get("baseline_key")]
+        ran = {r["baseline_key"] for r in gated}
+        entries = {key: e for key, e in self.entries.items() if key not in ran}
+        for r in gated:
             # a skip (no backward in a built-in case) is not a failure, whatever the child's status
             if r["status"] in FAILURE_STATUSES and r.get("outcome") != "skipped":
-                entries[r["case_id"]] = {"status": r["status"], "reason": reason_of(r)}
+                entries[r["baseline_key"]] = {"status": r["status"], "reason": reason_of(r)}
         return Baseline(self.path, entries, ggml_version)
 
     def save(self):
         data = {"schema": SCHEMA, "ggml_version": self.ggml_version,
                 "entries": {k: self.entries[k] for k in sorted(self.entries)}}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        tmp.replace(self.path)
+        from pytest_gradgate.report.outputs import write_atomically
+        write_atomically(self.path, json.dumps(data, indent=1) + "\n")
 
 
 def xfail_reason(entry, result):
@@ -105,6 +117,11 @@ def xfail_reason(entry, result):
     return text
 
 
-def stale_text(case_id, entry, baseline_path):
-    return (f"{case_id}: passes now, but the baseline {baseline_path} records it as a known failure "
+def key_of(item):
+    """A case item's baseline key: its node id (file and case id), see the module's docstring."""
+    return item.nodeid
+
+
+def stale_text(key, entry, baseline_path):
+    return (f"{key}: passes now, but the baseline {baseline_path} records it as a known failure "
             f"({entry['status']}: {entry.get('reason') or '-'}); {STALE_TEXT}")

@@ -25,15 +25,26 @@ class GradgateFailure(Exception):
 
 class CaseFile(pytest.File):
     def collect(self):
+        from pytest_gradgate.declare.case import full_mode_problem
         from pytest_gradgate.declare.loader import load_file
+        from pytest_gradgate.errors import CaseError
         from pytest_gradgate.gate.selection import is_builtin
         state = state_of(self.config)
         loaded, errors = load_file(self.path, state.backends, builtin=is_builtin(self.path))
         mode = state.settings["mode"]   # --gradgate-mode overrides every case's own mode
         for entry in loaded:
-            for case in entry.cases:
-                if mode and case.mode != mode:
-                    case = dataclasses.replace(case, mode=mode)
+            if not entry.cases:   # its backends are none of this run's: say so, do not vanish
+                yield NotBuiltItem.from_parent(self, name=f"{entry.name}[not-built]", entry=entry,
+                                               backends=state.backends)
+                continue
+            cases = [dataclasses.replace(c, mode=mode) if mode and c.mode != mode else c for c in entry.cases]
+            # refused now, with its cost, not after minutes of silence (the mode as overridden)
+            too_big = full_mode_problem(cases[0]) if cases else None
+            if too_big:   # one error for the declaration, not one per variant
+                how = ", with --gradgate-mode full" if entry.cases[0].mode != cases[0].mode else ""
+                errors.append(CaseError(f"case '{entry.name}'{how}: {too_big}", self.path, entry.line))
+                continue
+            for case in cases:
                 yield CaseItem.from_parent(self, name=f"{case.name}[{case.variant}]", case=case)
         on_line = {}
         for err in errors:      # one item per error; several on one line (a `vary` entry) get numbers
@@ -53,9 +64,12 @@ class CaseItem(pytest.Item):
         state = state_of(self.config)
         try:
             state.runner()
+            return
         except GradgateError as exc:
-            self.session.shouldfail = "gradgate: the ggml build failed (see the first error above)"
-            pytest.fail(f"gradgate: {exc}", pytrace=False)
+            failure = f"gradgate: {exc}"
+        # outside the except block: the report shows the message, not "during handling of..."
+        self.session.shouldfail = "gradgate: the ggml build failed (see the first error above)"
+        pytest.fail(failure, pytrace=False)
 
     def runtest(self):
         state = state_of(self.config)
@@ -104,6 +118,22 @@ class InvalidCaseItem(pytest.Item):
         return self.path, (self.error.line or 1) - 1, f"invalid case at line {self.error.line}"
 
 
+class NotBuiltItem(pytest.Item):
+    """A case for backends this run does not build (a cuda-only case on a CPU run): a skip
+    that says where it is declared and how to run it."""
+
+    def __init__(self, *, entry, backends, **kwargs):
+        super().__init__(**kwargs)
+        self.entry, self.backends = entry, backends
+
+    def runtest(self):
+        pytest.skip(f"{self.entry.path}:{self.entry.line}: case '{self.entry.name}' is for other backends than "
+                    f"this run's ({', '.join(self.backends)}); run it with --gradgate-backend cuda or all")
+
+    def reportinfo(self):
+        return self.path, self.entry.line - 1, f"{self.entry.name} (not built)"
+
+
 def _track_start_failures(state, result, session):
     """The crash cap: cases that die before ggml is even reached point at the build, not at
     the cases; stop with one message instead of N identical failures."""
@@ -133,14 +163,15 @@ def _decide(item, result):
         pytest.skip(result.diagnosis)     # "<param>: numeric gradient unreliable at ...: use ..."
     state = state_of(item.config)
     baseline = state.baseline
-    known = baseline.get(item.case.id) if baseline is not None else None
+    item.gradgate_baseline_key = baseline_file.key_of(item)
+    known = baseline.get(item.gradgate_baseline_key) if baseline is not None else None
     if result.status == Status.PASSED:
         if result.power is False:
             item.warn(pytest.PytestWarning(f"gradgate: {item.case.id} is blind: {result.diagnosis}"))
         if known and not state.update_baseline:
             # like a strict xfail: a fixed case must leave the baseline, or it could regress unseen
             item.gradgate_baseline = "stale"
-            item.gradgate_stale_text = baseline_file.stale_text(item.case.id, known, baseline.path)
+            item.gradgate_stale_text = baseline_file.stale_text(item.gradgate_baseline_key, known, baseline.path)
             raise GradgateFailure(result, text=item.gradgate_stale_text)
         return
     if item.case.builtin and result.no_backward:

@@ -44,7 +44,8 @@ SETTINGS = [
     Setting("isolate", "case: fork a child per case (default); worker: run in a worker process; "
             "none: in-process, for debuggers", "case", ISOLATE_MODES),
     Setting("timeout", "per-case timeout in seconds (default: sized to the case)", 0.0, kind="float"),
-    Setting("max_memory", "cap on a case's memory, e.g. 2G or 512M (default: none)", 0, kind="size"),
+    Setting("max_memory", "cap on a case's memory, e.g. 2G or 512M, at most 1048576G (default: none)", 0,
+            kind="size"),
     Setting("backtrace", "let ggml print backtraces when a case aborts (slow; attaches gdb)", False, kind="bool"),
     Setting("mode", "full: check every element; fast: random directions (large tensors)", None, ("full", "fast")),
     Setting("crash_cap", "stop the run after this many cases in a row whose worker could not start", 3, kind="int"),
@@ -81,14 +82,16 @@ def add_options(parser):
         parser.addini(s.dest, s.help, type="linelist" if s.kind == "paths" else "string")
 
 
+MAX_SIZE = 1 << 50     # 1 PiB: more is no cap, and overflows setrlimit once the worker's size is added
+
+
 def parse_size(text):
     text = str(text).strip().upper()
     factor = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    number = text[:-1] if text[-1:] in "KMG" else text
-    value = int(float(number) * factor)
-    if value < 0:
+    number = float(text[:-1] if text[-1:] in "KMG" else text)
+    if not 0 <= number * factor <= MAX_SIZE:     # also refuses inf and nan
         raise ValueError
-    return value
+    return int(number * factor)
 
 
 def _convert(s, value, where):

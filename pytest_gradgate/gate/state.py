@@ -35,6 +35,7 @@ class GateState:
         self.invalid_cases = []         # declarations that could not be loaded: path, line, message
         self.start_failures_in_a_row = 0
         self.baseline = None            # known failures (baseline.Baseline), see load_baseline
+        self.baseline_note = None       # why --gradgate-update-baseline did not keep the old entries
         self.update_baseline = config.getoption("gradgate_update_baseline")
 
     # -- source and build ----------------------------------------------------------------
@@ -63,6 +64,10 @@ class GateState:
             except GradgateError as exc:
                 self.build_error = exc
                 raise
+            except OSError as exc:   # the source's cache (a fetch of the default) cannot be written
+                from pytest_gradgate.build.cmake import cache_write_error
+                self.build_error = cache_write_error(exc)
+                raise self.build_error from None
         return self.build
 
     def runner(self):
@@ -128,6 +133,13 @@ class GateState:
             return None
         if self.update_baseline and not Path(path).exists():
             self.baseline = baseline_file.Baseline(path)
+        elif self.update_baseline:
+            try:
+                self.baseline = baseline_file.Baseline.load(path)
+            except baseline_file.BaselineError as exc:
+                # the user asked for it to be rewritten: an unreadable one is replaced, not an error
+                self.baseline = baseline_file.Baseline(path)
+                self.baseline_note = f"{exc}; it is rewritten from this run's results alone"
         else:
             self.baseline = baseline_file.Baseline.load(path)
         return self.baseline

@@ -8,11 +8,14 @@ crash cap); a library that cannot load at all is marked Diagnosis.BROKEN_BUILD s
 """
 
 import os
+import queue
+import re
 import select
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
@@ -20,11 +23,15 @@ from pytest_gradgate.check.result import Result
 from pytest_gradgate.isolation import protocol
 from pytest_gradgate.isolation.crash import Crash, explain, ggml_message, stderr_excerpt
 
+_ALLOCATION_WORDS = re.compile(r"alloc|out of memory|Cannot allocate", re.I)
 BROKEN_BUILD_TEXT = "broken build: the worker cannot load the library, so no case can run"
 # seconds the parent waits beyond a case's timeout for the worker to report it (isolate=case:
 # the worker kills the child itself and then answers)
 REPLY_GRACE = 10.0
 START_TIMEOUT = 120.0
+# a default only ever stops a hang: past half an hour a case that is just slow should say
+# so itself (timeout:, --gradgate-timeout), and a killed run must not leave hours of work
+MAX_DEFAULT_TIMEOUT = 1800.0
 
 
 class WorkerGone(Exception):
@@ -45,7 +52,7 @@ def default_timeout(case):
     if case.mode == "fast":
         return 120.0
     forwards = case.n_param_elements() * (4 if case.stencil == 4 else 2)
-    return 30.0 + forwards * 0.005
+    return min(MAX_DEFAULT_TIMEOUT, 30.0 + forwards * 0.005)
 
 
 def format_size(n):
@@ -61,6 +68,7 @@ class Worker:
     def __init__(self, library, backtrace=False):
         self.stderr_file = tempfile.NamedTemporaryFile(prefix="gradgate-worker-", suffix=".log", delete=False)
         env = dict(os.environ)
+        env["GRADGATE_PARENT_PID"] = str(os.getpid())   # the worker dies with us (worker.py _bind_to_parent)
         if backtrace:
             env.pop("GGML_NO_BACKTRACE", None)
         else:
@@ -75,6 +83,9 @@ class Worker:
             env=env, bufsize=0)
         self._buffer = b""
         self._stderr_start = 0
+        # select() works on pipes only where there is fork (POSIX); elsewhere (Windows) a
+        # thread reads them. The no-fork path uses it on every platform, so tests run it
+        self._chunks = None if protocol.fork_available() else _pipe_reader(self.proc.stdout)
         phase, event, fields = Phase.STARTUP, None, {}
         try:
             while True:
@@ -110,22 +121,36 @@ class Worker:
         except OSError:
             return ""
 
+    def _read_chunk(self, left):
+        """Bytes from the worker's stdout, b"" at EOF, None if none came within `left` s."""
+        if self._chunks is not None:
+            try:
+                return self._chunks.get(timeout=left)
+            except queue.Empty:
+                return None
+        fd = self.proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], left)
+        return os.read(fd, 1 << 16) if ready else None
+
     def _read_message(self, timeout):
         deadline = time.monotonic() + timeout
-        fd = self.proc.stdout.fileno()
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
+            chunk = self._read_chunk(left)
+            if chunk is None:
                 continue
-            chunk = os.read(fd, 1 << 16)
             if not chunk:
+                self._chunks_at_eof()
                 return None
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         return protocol.decode(line)
+
+    def _chunks_at_eof(self):
+        if self._chunks is not None:
+            self._chunks.put(b"")   # EOF stays EOF for the next read
 
     def alive(self):
         return self.proc.poll() is None
@@ -226,7 +251,7 @@ class Runner:
             self.lib = self.lib or binding.load(self.library)
             return run_case(case, self.lib)
         # a CUDA context must never exist in a process that forks: run such cases in the worker itself
-        isolate = "worker" if case.backend != "cpu" or not hasattr(os, "fork") else self.isolate
+        isolate = "worker" if case.backend != "cpu" or not protocol.fork_available() else self.isolate
         message = protocol.encode(protocol.CASE, case=case.to_dict(), isolate=isolate, timeout=timeout,
                                   max_memory=self.max_memory, backtrace=self.backtrace)
         # isolate=case: the worker enforces the timeout on its child and answers; allow it
@@ -258,7 +283,20 @@ class Runner:
             reply = self._reply_from_dead_worker(worker, phase, timed_out)
             worker.close()
             self.worker = None
+            if isolate == "case" and reply[0] == protocol.CRASH:
+                return self._worker_died_during_case(case, Crash(**reply[1]), started)
         return self._to_result(case, reply, timeout, started)
+
+    @staticmethod
+    def _worker_died_during_case(case, crash, started):
+        """isolate=case: the worker, not the case's child, died (killed from outside, say).
+        The child's phase was on the worker's page, gone with it: say so, not "startup"."""
+        result = Result.for_case(case)
+        result.signal, result.stderr_tail = crash.signal, crash.stderr
+        result.kind = Diagnosis.DIED
+        result.diagnosis = (f"the worker process died ({crash.how}) while its child ran the case (killed from "
+                            "outside?); the phase the case had reached is unknown")
+        return result.finish(Status.ERROR, Phase.UNKNOWN, message=result.diagnosis, started=started)
 
     @staticmethod
     def _reply_from_dead_worker(worker, phase, timed_out):
@@ -302,14 +340,36 @@ class Runner:
             result.kind = Diagnosis.CONSUMER_FAILS
             explanation = selfcheck.failure_text(case.consumer, f"ggml: {msg}" if msg else f"it died ({crash.how})")
             status = Status.CONSUMER_FAILED
-        if self.max_memory and crash.grew_by >= self.max_memory // 2:
+        ggml_msg = ggml_message(result.stderr_tail)
+        # a dead worker's peak is its whole life's (isolate=worker: earlier cases' too), so the
+        # cap is only named for a death that looks like a failed allocation: no message of
+        # ggml's, or one about allocating; never for an assert on shapes or on ggml's own pool
+        looks_like_allocation = not ggml_msg or (_ALLOCATION_WORDS.search(crash.stderr or "") and
+                                                 "memory pool" not in (crash.stderr or ""))
+        if self.max_memory and crash.grew_by >= self.max_memory // 2 and looks_like_allocation:
             # RLIMIT_AS counts address space, ru_maxrss resident pages: half the cap is near enough
             explanation += (f" (it had grown by {crash.grew_by >> 20} MiB against the --gradgate-max-memory cap "
                             f"of {format_size(self.max_memory)}: an allocation beyond the cap fails)")
         result.diagnosis = explanation
-        ggml_msg = ggml_message(result.stderr_tail)
         result.message = f"crashed ({crash.how}) in phase {phase}" + (f": {ggml_msg}" if ggml_msg else "")
         return result.finish(status, phase, started=started)
+
+
+def _pipe_reader(stream):
+    """A queue of what a thread reads from `stream`; b"" once it ends."""
+    chunks = queue.Queue()
+
+    def pump():
+        try:
+            while True:
+                chunk = stream.read1(1 << 16) if hasattr(stream, "read1") else stream.read(1 << 16)
+                chunks.put(chunk)
+                if not chunk:
+                    return
+        except (OSError, ValueError):   # closed under us
+            chunks.put(b"")
+    threading.Thread(target=pump, name="gradgate-worker-reader", daemon=True).start()
+    return chunks
 
 
 def _status_of(exitcode):

@@ -12,8 +12,17 @@ A worker that dies itself sends nothing more: the parent sees EOF and builds the
 """
 
 import json
+import os
 
 ISOLATE_MODES = ("case", "worker", "none")
+# GRADGATE_START_METHOD=spawn takes the path of platforms without fork (Windows; macOS, where
+# forking a process with threads is unsafe): no child per case, each case runs in the worker
+# process itself, which is replaced when a case kills it. Linux runs it in the tests too.
+START_METHOD_ENV = "GRADGATE_START_METHOD"
+
+
+def fork_available():
+    return hasattr(os, "fork") and os.environ.get(START_METHOD_ENV, "fork") != "spawn"
 
 PHASE = "phase"        # name: the phase the case (or the worker's start) is in
 READY = "ready"        # ggml_version, rss: the worker has loaded the library and is warm

@@ -87,7 +87,7 @@ def _apply_memory_cap(max_memory, baseline):
 def _find_prctl():
     try:
         return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux
+    except (OSError, AttributeError, TypeError):  # not Linux (Windows: no CDLL(None))
         return None
 
 
@@ -95,9 +95,31 @@ _PRCTL = _find_prctl()   # looked up once, in the worker, not in every child
 
 
 def _die_with_parent():
-    """Linux: the child gets SIGKILL if its worker dies, so no hung child outlives a killed worker."""
+    """Linux: this process gets SIGKILL when its parent dies: a case's child when its worker
+    dies, the worker when pytest dies, so no spinning case outlives a killed pytest."""
     if _PRCTL is not None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+PARENT_PID_ENV = "GRADGATE_PARENT_PID"
+
+
+def _bind_to_parent():
+    """The worker's end of dying with pytest. The parent's pid comes in the environment: a
+    parent that died before the prctl took effect has already left us to init. Where there
+    is no prctl (macOS), a thread watches for the re-parenting instead."""
+    expected = int(os.environ.get(PARENT_PID_ENV) or 0)
+    _die_with_parent()
+    if expected and os.getppid() != expected:
+        os._exit(1)
+    if _PRCTL is None and expected:
+        import threading
+
+        def watch():
+            while os.getppid() == expected:
+                time.sleep(1.0)
+            os._exit(1)
+        threading.Thread(target=watch, name="gradgate-parent-watch", daemon=True).start()
 
 
 class ForkingRunner:
@@ -295,6 +317,7 @@ def _read_line(fd):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     library = argv[0]
+    _bind_to_parent()
     channel_fd = os.dup(1)
     # keep fd 1 away from the protocol channel: ggml prints to stdout sometimes
     os.dup2(2, 1)
@@ -310,7 +333,7 @@ def main(argv=None):
     except Exception as exc:
         send(protocol.FATAL, reason=f"{type(exc).__name__}: {exc}")
         return 3
-    forking = ForkingRunner(lib, channel_fd) if hasattr(os, "fork") else None
+    forking = ForkingRunner(lib, channel_fd) if protocol.fork_available() else None
     if forking is not None:
         forking.warm_up()
     capped = False

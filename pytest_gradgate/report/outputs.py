@@ -8,6 +8,8 @@ import os
 import platform
 from pathlib import Path
 
+import pytest
+
 from pytest_gradgate.report.text import format_number as _fmt
 
 REPORT_SCHEMA_VERSION = 1
@@ -54,7 +56,7 @@ def counts(results, key="outcome"):
     return out
 
 
-def report(results, facts=None, backends=(), baseline=None, exitstatus=None):
+def report(results, facts=None, backends=(), baseline=None, exitstatus=None, invalid=()):
     """The versioned JSON document (see report.schema.json). `facts`: GateState.build_facts
     (None when no case ran, so nothing was built)."""
     facts = facts or {}
@@ -75,16 +77,28 @@ def report(results, facts=None, backends=(), baseline=None, exitstatus=None):
         # where a crash and a consumer that fails on its own are both "failed"
         "statuses": counts(results, key="status"),
         "cases": [case_record(r) for r in results],
+        "invalid_cases": [{"path": bad.get("path"), "line": bad.get("line"), "message": bad.get("message") or ""}
+                          for bad in invalid],
     }
     return finite_json(doc)
 
 
-def write_report(path, doc):
+def write_atomically(path, text):
+    """Write `text` to a temporary sibling, then rename it into place; a failure leaves
+    neither a partial file nor the temporary one behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
-    tmp.replace(path)
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_report(path, doc):
+    write_atomically(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
 
 
 def _version():
@@ -149,7 +163,10 @@ def annotations(results, workspace=None, invalid=()):
 
 
 def _cell(text):
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """Text for a Markdown table cell (or list item): one line, no column break, no HTML, no code span end."""
+    text = " ".join(str(text).splitlines())
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("|", "\\|").replace("`", "'"))
 
 
 def step_summary(results, source_label=None):
@@ -218,7 +235,8 @@ class GateOutputs:
             # like --gradgate-html: relative to where pytest was started, and a path that
             # cannot be written is one line in the summary, not an INTERNALERROR
             path = Path(session.config.invocation_params.dir) / path
-            doc = report(state.results, state.build_facts, state.backends, state.baseline, exitstatus)
+            doc = report(state.results, state.build_facts, state.backends, state.baseline, exitstatus,
+                         state.invalid_cases)
             try:
                 write_report(path, doc)
                 self.json_written = path
@@ -234,6 +252,9 @@ class GateOutputs:
                 state.baseline = None
         if on_github_actions():
             append_step_summary(step_summary(state.results, state.source.label if state.source else None))
+        if self.write_errors and session.exitstatus == 0:
+            # an output the run was asked for is missing: CI must not read that as a pass
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
         if not self._active(config):
