@@ -121,19 +121,19 @@ def parse_graph(graph):
     return lines
 
 
-def ops_used(lines):
-    found = []
-
-    def walk(node):
+def nodes(lines):
+    """Every Call and Ref of the graph lines, outer before inner."""
+    stack = [line.expr for line in reversed(lines) if isinstance(line.expr, (Call, Ref))]
+    while stack:
+        node = stack.pop()
+        yield node
         if isinstance(node, Call):
-            found.append(node.op)
-            for a in node.args:
-                walk(a)
-            for _, v in node.kwargs:
-                walk(v)
-    for line in lines:
-        walk(line.expr)
-    return found
+            inner = [*node.args, *(v for _, v in node.kwargs)]
+            stack.extend(reversed([n for n in inner if isinstance(n, (Call, Ref))]))
+
+
+def ops_used(lines):
+    return [node.op for node in nodes(lines) if isinstance(node, Call)]
 
 
 def main_op(lines):

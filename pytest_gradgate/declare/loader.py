@@ -16,7 +16,7 @@ from pytest_gradgate.declare.case import DEFAULT_EPS, DEFAULT_MAX_MAA, DEFAULT_S
 from pytest_gradgate.ops.consumers import CONSUMERS, DEFAULT_CONSUMERS, check_consumer
 from pytest_gradgate.errors import CaseError
 from pytest_gradgate.declare import vary
-from pytest_gradgate.declare.expr import Call, Ref, clip, parse_graph
+from pytest_gradgate.declare.expr import Ref, clip, nodes, parse_graph
 from pytest_gradgate.declare.graph import infer_shapes
 from pytest_gradgate.ops.losses import LOSSES
 
@@ -207,19 +207,7 @@ def _names(value, key, known, where, what):
 
 
 def _names_read(lines):
-    found = set()
-
-    def visit(node):
-        if isinstance(node, Ref):
-            found.add(node.name)
-        elif isinstance(node, Call):
-            for a in node.args:
-                visit(a)
-            for _, v in node.kwargs:
-                visit(v)
-    for line in lines:
-        visit(line.expr)
-    return found
+    return {node.name for node in nodes(lines) if isinstance(node, Ref)}
 
 
 def _check_params_used(lines, params, where):
