@@ -25,7 +25,6 @@ from pathlib import Path
 from pytest_gradgate.errors import GradgateError
 
 SCHEMA = 2
-DEFAULT_BASELINE = Path(__file__).parent / "baseline_default.json"
 FAILURE_STATUSES = ("failed", "crashed", "timeout", "error", "consumer-failed")
 STALE_TEXT = "fixed: remove it from the baseline"
 
