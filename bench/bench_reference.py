@@ -41,12 +41,7 @@ DEFAULT_OPS = ("SQR", "SQRT", "LOG", "SIN", "COS", "SUM", "MEAN", "SUM_ROWS", "R
 DISCOVERY_FILTER = {"MUL_MAT": r"type_a=f32,type_b=f32,m=16,n=[0-9]+,k=256,bs=\[1,1\],nr=\[1,1\],per=\[0,1,2,3\]"}
 DISCOVERY_TIMEOUT_S = 60
 SUITE_FILES = [Path(pytest_gradgate.__file__).parent / n for n in ("cases.yaml", "cases_fast.yaml")]
-_REGEX_SPECIAL = re.compile(r"([\\^$.|?*+()\[\]{}])")
-
-
-def params_regex(vars_list):
-    """A -p filter (std::regex, ECMAScript) matching exactly these vars strings."""
-    return "^(" + "|".join(_REGEX_SPECIAL.sub(r"\\\1", v) for v in vars_list) + ")$"
+params_regex = reference.params_regex
 
 
 # -- test-backend-ops side --------------------------------------------------------------------

@@ -247,6 +247,25 @@ def run_grad(binary, op, backend="CPU", params=None, timeout=600, report_maa=Tru
     return RefRun(op, cases, proc.returncode, sig, wall, stderr[-2000:])
 
 
+_REGEX_SPECIAL = re.compile(r"([\\^$.|?*+()\[\]{}])")
+
+
+def params_regex(vars_list):
+    """A -p filter (std::regex, ECMAScript) matching exactly these vars strings."""
+    return "^(" + "|".join(_REGEX_SPECIAL.sub(r"\\\1", v) for v in vars_list) + ")$"
+
+
+def rerun_statuses(binary, ref, times, timeout=300):
+    """The statuses of `times` fresh test-backend-ops runs of one case. Each run draws new
+    inputs (std::random_device), so a verdict that flips between runs depends on the draw,
+    not on the op's backward."""
+    statuses = []
+    for _ in range(times):
+        run = run_grad(binary, ref.op, params=params_regex([ref.vars]), timeout=timeout)
+        statuses += [c.status for c in run.cases if c.vars == ref.vars]
+    return statuses
+
+
 def _crash_message(stderr):
     for line in stderr.splitlines():
         if "GGML_ASSERT" in line or "GGML_ABORT" in line or ": error:" in line or "fatal error" in line:

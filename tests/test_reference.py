@@ -58,14 +58,27 @@ def test_a_whole_run_aborts_and_the_case_it_died_in_is_named(runs):
     assert any(c.status == "ok" for c in scale.cases)
 
 
-def test_same_verdict_and_maa_order_as_test_backend_ops(runs, runner):
-    rows, disagreements = [], []
+RERUNS = 5
+
+
+def test_same_verdict_and_maa_order_as_test_backend_ops(runs, runner, tbo):
+    """A disagreement where test-backend-ops fails and we pass is excused only when its own reruns of
+    that case pass (its verdict depends on the draw). A broken backward fails every draw: SUM over a
+    permuted param (below) stays a failure on both sides, and it must."""
+    rows, disagreements, flaky = [], [], []
     for run in runs.values():
         for ref in run.cases:
             if not reference.comparable(ref):
                 continue
             result = runner.run(reference.to_case(ref))
             same_verdict, same_order, why = reference.agreement(ref, result)
+            if not same_verdict and ref.status == "fail" and result.status == "passed":
+                # test-backend-ops draws new inputs on every run: a correct op over its fixed limit by
+                # roundoff in one draw (seen: MUL_MAT k=256, MAA 6e-4 > 1e-4) passes in others
+                reruns = reference.rerun_statuses(tbo, ref, RERUNS)
+                if "ok" in reruns:
+                    same_verdict, why = True, f"test-backend-ops flaky: {reruns.count('ok')}/{len(reruns)} reruns ok"
+                    flaky.append(ref.id)
             rows.append((ref.id, ref.status, ref.worst_maa, result.status, result.maa, why))
             if not (same_verdict and same_order):
                 disagreements.append(rows[-1])
@@ -73,6 +86,7 @@ def test_same_verdict_and_maa_order_as_test_backend_ops(runs, runner):
     assert len(rows) >= 30, table
     assert {r[0].split("(")[0] for r in rows} >= {"SQR", "SUM", "CONT", "MUL_MAT", "SIN", "ADD"}, table
     assert not disagreements, table
+    assert len(flaky) <= 2, table   # flakiness is the exception; more would mean we excuse too much
     # a real failure both agree on: SUM over a permuted param (ggml 0.15.3's SUM backward)
     assert any(r[1] == "fail" and r[3] == "failed" and r[2] > 0.5 for r in rows), table
 
