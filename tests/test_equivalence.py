@@ -219,3 +219,47 @@ def test_the_fixture_checks_formulations_against_each_other(pytester, monkeypatc
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*the forward differs: a/b compute different outputs*",
                                  "*forward a/b: NMSE 0.4*", "*formulations: op, composed*"])
+
+
+# -- through the gate --------------------------------------------------------------------------------
+
+GATE_CASES = """\
+cases:
+  - name: concat_vs_one
+    params: {x: [4, 5, 3]}
+    equivalent:
+      concat: concat(view(x, ne=[4, 3, 3], nb=[4, 20, 60]), view(x, ne=[4, 2, 3], nb=[4, 20, 60], offset=12), dim=1)
+      single: x
+    consumers: [transpose]
+  - name: tp
+    params: {a: [5, 3, 4]}
+    equivalent: {t: transpose(a), p: "permute(a, axes=[1, 0, 2, 3])"}
+    consumers: [none, permute_1203]
+"""
+
+
+@pytest.mark.slow
+def test_the_gate_runs_equivalence_items_isolated_with_their_reports(pytester, monkeypatch, ggml_variant, default_ggml):
+    """On the buggy CONCAT the concat item fails with its diagnosis at its YAML line; on the
+    default ggml (no CONCAT backward: the child aborts) it is one red item and the next items
+    still run; the JSON report stays valid under its schema."""
+    import json
+    import jsonschema
+    from pytest_gradgate.report import outputs
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(USER_CACHE))
+    for name in ("GITHUB_ACTIONS", "GRADGATE_GGML_SRC", "GRADGATE_BASELINE", "GRADGATE_CASES", "GRADGATE_JSON"):
+        monkeypatch.delenv(name, raising=False)
+    (pytester.path / "gradgate_eq.yaml").write_text(GATE_CASES)
+    for root, word in ((ggml_variant("concat-buggy")[0], "right values at wrong positions"),
+                       (default_ggml, "no backward for CONCAT")):
+        result = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "gradgate_eq.yaml",
+                                               "--gradgate-ggml-src", str(root), "--gradgate-json", "r.json",
+                                               "-p", "no:cacheprovider")
+        result.assert_outcomes(failed=1, passed=2)
+        result.stdout.fnmatch_lines([f"*concat_vs_one[[]transpose-sqr-cpu[]]*{word}*"])
+        doc = json.loads((pytester.path / "r.json").read_text())
+        jsonschema.validate(doc, json.loads(outputs.REPORT_SCHEMA_FILE.read_text()),
+                            cls=jsonschema.Draft202012Validator)
+        by_id = {c["id"]: c for c in doc["cases"]}
+        assert by_id["tp[none-sqr-cpu]"]["mode"] == "equivalence" and by_id["tp[none-sqr-cpu]"]["nmse"] == 0
+        assert by_id["concat_vs_one[transpose-sqr-cpu]"]["origin"]["line"] == 2
