@@ -50,7 +50,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_.\-=,]+$")   # "=" and ",": the names vary.ex
 TENSOR_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 BACKENDS = ("cpu", "cuda")
 # keys about finite differences, which an equivalence case does not compute
-EQUIVALENT_ONLY_NOT = ("eps", "stencil", "max_maa", "mode", "directions")
+FINITE_DIFFERENCE_KEYS = ("eps", "stencil", "max_maa", "mode", "directions")
 INPUT_KEYS = {"type", "values", "shape", "init"}
 
 
@@ -257,7 +257,7 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
         raise CaseError("a case has either 'graph' (checked against finite differences) or 'equivalent' "
                         "(formulations checked against each other), not both", *at("equivalent"))
     if "equivalent" in raw:
-        for key in EQUIVALENT_ONLY_NOT:
+        for key in FINITE_DIFFERENCE_KEYS:
             if key in raw:
                 raise CaseError(f"'{key}' has no meaning in an equivalence case: it computes no finite differences "
                                 "(its limit comes from the f32 roundoff of the formulations); remove it", *at(key))
