@@ -13,6 +13,7 @@ import dataclasses
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import pytest_gradgate
@@ -109,6 +110,49 @@ def test_a_large_equivalence_case_is_not_refused_as_too_big_for_full_mode():
     from pytest_gradgate.declare.case import MAX_FULL_ELEMENTS, full_mode_problem
     case = builtin_case("kv_walk_chunked_1p5b", "none")
     assert case.n_param_elements() > 5 * MAX_FULL_ELEMENTS and full_mode_problem(case) is None
+
+
+# -- the comparison of two gradient sets, whatever produced them (no build) ---------------------
+
+def _sets(a, b, steps=1000.0):
+    import numpy as np
+    from pytest_gradgate.check.gradsets import GradientSet
+    shape = (a.size, 1, 1, 1)
+    out = np.ones(4)
+    return (GradientSet("a", out, (4, 1, 1, 1), {"w": a}, {"w": shape}, 10.0, steps),
+            GradientSet("b", out, (4, 1, 1, 1), {"w": b}, {"w": shape}, 10.0, steps))
+
+
+@pytest.mark.parametrize("kind, make", [
+    ("wrong-scale", lambda g, rng: g * 1.001),          # 0.1%: far above roundoff at 1.5B's step count
+    ("wrong-sign", lambda g, rng: -g),
+    ("dropped", lambda g, rng: g * 0),
+    ("wrong-positions", lambda g, rng: g[rng.permutation(g.size)]),
+    # most values read from other places, a quarter summed with others (a cached prefix read twice)
+    ("wrong-positions", lambda g, rng: np.where(np.arange(g.size) % 4 == 0, g[::-1] + g, g[rng.permutation(g.size)])),
+    ("disagree", lambda g, rng: rng.normal(0, g.std(), g.size)),
+])
+def test_each_kind_of_wrong_is_told_apart_and_the_limit_has_room_for_roundoff_only(kind, make):
+    """On 131,072 values (V's gradient at 1.5B head sizes) with the 1.5B walk's step count. The
+    last row guards the 'wrong positions' claim: an unrelated gradient of the same spread has a
+    near neighbour for almost every value, which a plain found-somewhere test (1e-3 relative)
+    took for right values at wrong positions; only recurrence beyond a chance control counts."""
+    from pytest_gradgate.check.gradsets import compare_sets
+    rng = np.random.default_rng(3)
+    g = rng.normal(0, 1, 131072)
+    result = compare_sets(*_sets(make(g, rng), g, steps=5000.0))
+    assert result["failed"] == ["w"] and result["params"][0]["diagnosis_kind"] == kind, result["params"][0]
+    roundoff = g * (1 + rng.normal(0, 1e-6, g.size))     # a few ulps of difference: passes
+    assert compare_sets(*_sets(roundoff, g, steps=5000.0))["failed"] == []
+
+
+def test_forwards_that_differ_stop_the_comparison_before_any_gradient():
+    import numpy as np
+    from pytest_gradgate.check.gradsets import compare_sets
+    a, b = _sets(np.ones(8), np.ones(8))
+    b.output = b.output * 1.01
+    result = compare_sets(a, b)
+    assert result["forward_differs"] and result["params"] == [] and result["failed"] == []
 
 
 # -- on the default ggml -------------------------------------------------------------------------
