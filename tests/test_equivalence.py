@@ -307,3 +307,14 @@ def test_the_gate_runs_equivalence_items_isolated_with_their_reports(pytester, m
         by_id = {c["id"]: c for c in doc["cases"]}
         assert by_id["tp[none-sqr-cpu]"]["mode"] == "equivalence" and by_id["tp[none-sqr-cpu]"]["nmse"] == 0
         assert by_id["concat_vs_one[transpose-sqr-cpu]"]["origin"]["line"] == 2
+
+
+def test_the_builtin_file_is_valid_under_the_schema_editors_use():
+    import json
+    import yaml
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test extra: pip install -e '.[test]'")
+    schema = json.loads((BUILTIN.parent / "declare" / "cases.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    assert [e.message for e in validator.iter_errors(yaml.safe_load(BUILTIN.read_text()))] == []
+    both = {"cases": [{"name": "x", "params": {"a": [2]}, "graph": "sqr(a)", "equivalent": {"p": "a", "q": "a"}}]}
+    assert list(validator.iter_errors(both))       # graph and equivalent together: refused by the schema too
