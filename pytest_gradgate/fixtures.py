@@ -4,8 +4,15 @@
         gradgate.check("concat(a, b, dim=1)", params={"a": [4, 3, 5, 1], "b": [4, 2, 5, 1]},
                        consumer="permute_0213_transpose")
 
-`check` fails the test when the case does not pass; `run` only returns the result. Both
-take the keys of a YAML case (inputs=, init=, loss=, eps=, max_maa=, ...), with `consumer`
+Two formulations of one computation, compared with each other (an equivalence case, no
+finite differences; pytest_gradgate/check/equivalence.py):
+
+    def test_chunked_attention(gradgate):
+        gradgate.check_equivalent({"chunked": [...lines...], "whole": [...lines...]},
+                                  params={"q": [128, 12, 256], ...}, consumer="transpose")
+
+`check` and `check_equivalent` fail the test when the case does not pass; `run` and
+`run_equivalent` only return the result. All take the keys of a YAML case (inputs=, init=, loss=, eps=, max_maa=, ...), with `consumer`
 and `backend` in the singular: one call is one case. A case declared here is a user's case:
 an op without a backward in the ggml under test fails it (the built-in suite skips instead).
 
@@ -71,7 +78,9 @@ class Checker:
         if name is None:
             # test ids may hold spaces or brackets; case names may not
             name = re.sub(r"[^A-Za-z0-9_.\-]+", "_", node.name).strip("_") + f"-{self._count}"
-        raw = {"name": name, "graph": graph, "params": params, "consumers": [consumer], **fields}
+        raw = {"name": name, "params": params, "consumers": [consumer], **fields}
+        if graph is not None:
+            raw["graph"] = graph
         if backend is not None:
             raw["backends"] = [backend]
         try:
@@ -90,7 +99,15 @@ class Checker:
 
     def run(self, graph, params, **fields):
         """Run one check in isolation and return its CheckResult (never fails the test)."""
-        state, case = self._case(graph, params, **fields)
+        return self._run(self._case(graph, params, **fields))
+
+    def run_equivalent(self, formulations, params, **fields):
+        """Run an equivalence case (formulation name -> graph, two or more) in isolation and
+        return its CheckResult (never fails the test)."""
+        return self._run(self._case(None, params, equivalent=formulations, **fields))
+
+    def _run(self, prepared):
+        state, case = prepared
         try:
             runner = state.runner()   # builds ggml on first use when --gradgate did not
         except GradgateError as exc:
@@ -106,7 +123,14 @@ class Checker:
 
     def check(self, graph, params, **fields):
         """Like run(), but a check that does not pass fails the test with its report."""
-        res = self.run(graph, params, **fields)
+        return self._require(self.run(graph, params, **fields))
+
+    def check_equivalent(self, formulations, params, **fields):
+        """Like run_equivalent(), but formulations that disagree fail the test with the report."""
+        return self._require(self.run_equivalent(formulations, params, **fields))
+
+    @staticmethod
+    def _require(res):
         if res.status == "skipped":     # e.g. the backend does not support an op
             pytest.skip(res.message)
         if not res.ok:

@@ -3,7 +3,7 @@
 Used by the tests, the benchmark and the HTML demo to put a known bug into a real ggml
 (or take one out) instead of imitating ggml in Python. Each patch inserts code we wrote
 before a one-line anchor (a `case GGML_OP_...:` label) in src/ggml.c, replaces one line
-(sub-sign), or (deaths) goes after a one-line anchor in the CPU SCALE kernel.
+(sub-sign, transpose-reshape), or (deaths) goes after a one-line anchor in the CPU SCALE kernel.
 """
 
 from pathlib import Path
@@ -79,7 +79,14 @@ _THREAD_BOUNDARY_CODE = """\
 SUB_SIGN_ANCHOR = "                ggml_sub_or_set(ctx, cgraph, isrc1, grad);\n"
 _SUB_SIGN_CODE = "                ggml_add_or_set(ctx, cgraph, isrc1, grad); // pytest-gradgate's sub-sign test variant\n"
 
-VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "sub-sign")
+# The "transpose-reshape" variant: TRANSPOSE's backward reshapes the incoming gradient to the
+# source's shape instead of transposing it: the right values, the right shape, at the wrong
+# positions (an easy slip, since both give a tensor of src0's shape).
+TRANSPOSE_ANCHOR = "                ggml_add_or_set(ctx, cgraph, isrc0, ggml_transpose(ctx, grad));\n"
+_TRANSPOSE_RESHAPE_CODE = ("                ggml_add_or_set(ctx, cgraph, isrc0, ggml_reshape(ctx, ggml_cont(ctx, grad), src0));"
+                           " // pytest-gradgate's transpose-reshape test variant\n")
+
+VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "sub-sign", "transpose-reshape")
 
 
 class PatchError(Exception):
@@ -111,6 +118,8 @@ def make_variant(ggml_root, dest, name):
     dest = copy_tree(ggml_root, dest)
     if name == "sub-sign":
         replace_once(dest / "src" / "ggml.c", SUB_SIGN_ANCHOR, _SUB_SIGN_CODE)
+    elif name == "transpose-reshape":
+        replace_once(dest / "src" / "ggml.c", TRANSPOSE_ANCHOR, _TRANSPOSE_RESHAPE_CODE)
     elif name == "deaths":
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", DEATHS_ANCHOR, DEATHS_ANCHOR + _DEATHS_CODE)
     elif name == "thread-boundary":

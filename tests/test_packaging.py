@@ -20,7 +20,7 @@ from pytest_gradgate.build.cache import cache_root
 
 REPO = Path(__file__).resolve().parents[1]
 # what the plugin reads at run time, relative to the package
-RUNTIME_FILES = ["cases.yaml", "cases_fast.yaml", "build/native/CMakeLists.txt", "build/native/gradgate.h",
+RUNTIME_FILES = ["cases.yaml", "cases_fast.yaml", "cases_equivalence.yaml", "build/native/CMakeLists.txt", "build/native/gradgate.h",
                  "build/native/gradgate_shim.c", "build/cdefs/ggml_types.h", "build/cdefs/ggml_ops.h",
                  "declare/cases.schema.json", "report/report.schema.json", "gate/baseline_default.json",
                  "gate/baseline_ggml-0.26.0.json"]

@@ -279,7 +279,7 @@ def test_editors_find_the_schema_by_a_documented_line_and_an_id_that_resolves():
         assert json.loads((repo / rel).read_text())["$id"] == raw + rel
     line = f"# yaml-language-server: $schema={raw}pytest_gradgate/declare/cases.schema.json"
     assert line in (repo / "README.md").read_text()
-    for builtin in ("cases.yaml", "cases_fast.yaml"):
+    for builtin in ("cases.yaml", "cases_fast.yaml", "cases_equivalence.yaml"):
         assert (PACKAGE / builtin).read_text().splitlines()[0] == line
 
 

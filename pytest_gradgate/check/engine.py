@@ -104,33 +104,50 @@ def write_tensor(g, t, values):
     g.lib.gg_tensor_write(t, g.ffi.from_buffer(data), 0, data.nbytes)
 
 
+def build_leaves(g, case):
+    """The case's params and inputs as tensors of g, their values queued for writing ->
+    (leaves, params). The values depend on the case alone (its seed, in declaration order),
+    so every graph built from one case (the formulations of an equivalence case) sees the same."""
+    lib = g.lib
+    leaves, params = {}, {}
+    for name, shape in case.params.items():
+        t = g.new_tensor(shape, name=name)
+        lib.ggml_set_param(t)
+        leaves[name] = params[name] = t
+        g.values.append((t, make_values(g.rng, ne4(shape), case.init.get(name, (-1.0, 1.0)))))
+    for name, spec in case.inputs.items():
+        is_i32 = spec.get("type", "f32") == "i32"
+        t = g.new_tensor(input_shape(spec), is_i32=is_i32, name=name)
+        leaves[name] = t
+        if "values" in spec:
+            g.values.append((t, np.asarray(spec["values"], dtype=np.int32 if is_i32 else np.float32)))
+        else:
+            g.values.append((t, make_values(g.rng, input_shape(spec), spec.get("init", (-1.0, 1.0)))))
+    return leaves, params
+
+
+def graph_tensors(case, lines):
+    """Tensors a context needs for one case's graph: sized by ops, not lines (one line may nest
+    many: its forward, consumer, loss and backward tensors), with room for the power probe's
+    second backward over the same nodes."""
+    n_ops = max(len(lines), len(ops_used(lines)))
+    return 128 + 64 * n_ops + len(case.params) + len(case.inputs)
+
+
 def run_case(case, lib, phase=lambda name: None):
+    if case.equivalent:     # formulations against each other, no finite differences
+        from pytest_gradgate.check import equivalence
+        return equivalence.run_case(case, lib, phase)
     started = time.perf_counter()
     result = Result.for_case(case)
     lines = parse_graph(case.graph)
     result.op = main_op(lines)
 
     phase(Phase.BUILD_FORWARD)
-    # sized by ops, not lines: one line may nest many (its forward, consumer, loss and backward
-    # tensors), with room for the power probe's second backward over the same nodes
-    n_ops = max(len(lines), len(ops_used(lines)))
-    g = GraphBuilder(lib, case, n_tensors=128 + 64 * n_ops + len(case.params) + len(case.inputs))
+    g = GraphBuilder(lib, case, n_tensors=graph_tensors(case, lines))
     session = None
     try:
-        leaves, params = {}, {}
-        for name, shape in case.params.items():
-            t = g.new_tensor(shape, name=name)
-            lib.ggml_set_param(t)
-            leaves[name] = params[name] = t
-            g.values.append((t, make_values(g.rng, ne4(shape), case.init.get(name, (-1.0, 1.0)))))
-        for name, spec in case.inputs.items():
-            is_i32 = spec.get("type", "f32") == "i32"
-            t = g.new_tensor(input_shape(spec), is_i32=is_i32, name=name)
-            leaves[name] = t
-            if "values" in spec:
-                g.values.append((t, np.asarray(spec["values"], dtype=np.int32 if is_i32 else np.float32)))
-            else:
-                g.values.append((t, make_values(g.rng, input_shape(spec), spec.get("init", (-1.0, 1.0)))))
+        leaves, params = build_leaves(g, case)
         y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p))
         # an op whose output is a view (transpose, permute) would reach the loss's sqr kernel
         # non-contiguous, which ggml's CPU unary kernels reject; the cont makes the gradient

@@ -55,6 +55,7 @@ class Diagnosis(_Word):
     WRONG_SIGN = "wrong-sign"
     DROPPED = "dropped"                   # analytic zero where the numeric one is not
     DISAGREE = "disagree"                 # none of the above
+    FORWARD_DIFFERS = "forward-differs"   # equivalence: the formulations' outputs differ; no gradient claim
     NONFINITE_BACKWARD = "nonfinite-backward"
     NONFINITE_LOSS = "nonfinite-loss"     # the forward is out of its domain: nothing to blame
     SAMPLE_AGREES = "sample-agrees"       # fast mode: directions disagree, no sampled element does

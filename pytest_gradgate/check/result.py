@@ -34,6 +34,11 @@ class Result:
     stderr_tail: str = ""
     duration: float = 0.0
     mode: str = "full"
+    # equivalence cases (check/equivalence.py): the formulations, the forwards' comparisons
+    # (one per pair), and the worst NMSE of a gradient against its roundoff limit
+    formulations: list = field(default_factory=list)
+    forward: list = field(default_factory=list)
+    nmse: float = None
     threads: int = 1                 # CPU threads the analytic backward ran on
     origin: dict = field(default_factory=dict)
 
@@ -41,7 +46,8 @@ class Result:
     def for_case(cls, case):
         from pytest_gradgate.declare.expr import main_op, parse_graph
         return cls(case.id, case.name, case.consumer, case.loss, case.backend, op=main_op(parse_graph(case.graph)),
-                   max_maa=case.max_maa, mode=case.mode, threads=case.threads, origin=dict(case.origin))
+                   max_maa=case.max_maa, mode=case.mode, threads=case.threads, origin=dict(case.origin),
+                   formulations=list(case.equivalent))
 
     def finish(self, status, phase, message=None, started=None):
         self.status = status

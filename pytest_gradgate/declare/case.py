@@ -43,12 +43,15 @@ class Case:
     max_maa: float = DEFAULT_MAX_MAA
     seed: int = 0
     backend: str = "cpu"
-    mode: str = "full"                  # "full": every element; "fast": random directions
+    mode: str = "full"                  # "full": every element; "fast": random directions; "equivalence"
     directions: int = 6                 # fast mode: how many directions
     timeout: float = 0.0                # seconds; 0 = sized from the case by the runner
     threads: int = DEFAULT_THREADS      # CPU threads of the analytic backward (forwards: one)
     builtin: bool = False               # from the built-in suite (no backward -> skip, not fail)
     origin: dict = field(default_factory=dict)   # {"path": ..., "line": ...}, for reports only
+    # an equivalence case (mode "equivalence"): formulation name -> graph, compared with each
+    # other instead of with finite differences; `graph` is then the first formulation
+    equivalent: dict = field(default_factory=dict)
 
     @property
     def id(self):

@@ -5,6 +5,7 @@ A file holds `cases:`, a list of mappings. Each mapping expands into one Case pe
 the other cases of the file still load.
 """
 
+import dataclasses
 import math
 import re
 from math import prod
@@ -27,6 +28,8 @@ CASE_KEYS = {
     "inputs": "constants: name -> {type: i32|f32, values: [...]} or {type: f32, shape: [...], init: ...}",
     "init": "param value ranges: name -> [lo, hi] or {abs: [lo, hi]} (random signs)",
     "graph": "an expression, or a list of 'name = expression' lines; the last line is the output",
+    "equivalent": "instead of graph: two or more formulations of one computation, name -> graph; their "
+                  "gradients must agree (no finite differences; see pytest_gradgate/check/equivalence.py)",
     "consumers": f"consumers to check through (default {list(DEFAULT_CONSUMERS)})",
     "loss": "loss, or a list of losses: sqr (default), wsqr, sum",
     "eps": f"finite-difference step (default {DEFAULT_EPS})",
@@ -46,6 +49,8 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_.\-=,]+$")   # "=" and ",": the names vary.ex
 # failure text, where a newline would start a line of its own (a GitHub workflow command)
 TENSOR_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 BACKENDS = ("cpu", "cuda")
+# keys about finite differences, which an equivalence case does not compute
+FINITE_DIFFERENCE_KEYS = ("eps", "stencil", "max_maa", "mode", "directions")
 INPUT_KEYS = {"type", "values", "shape", "init"}
 
 
@@ -68,6 +73,16 @@ def _graph_item_lines(node):
     return []
 
 
+def _equivalent_lines(node):
+    """formulation name -> (line of its key, [line of each item of its list]) of `equivalent:`."""
+    out = {}
+    for k, v in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.value == "equivalent" and isinstance(v, yaml.MappingNode):
+            for fk, fv in v.value:
+                if isinstance(fk, yaml.ScalarNode):
+                    items = [item.start_mark.line + 1 for item in fv.value] if isinstance(fv, yaml.SequenceNode) else []
+                    out[fk.value] = (fk.start_mark.line + 1, items)
+    return out
 
 
 def load_file(path, session_backends=("cpu",), builtin=False, text=None):
@@ -117,6 +132,7 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
             merged = {**defaults, **raw}
             key_lines = _key_lines(node) if isinstance(node, yaml.MappingNode) else {}
             key_lines["graph lines"] = _graph_item_lines(node) if isinstance(node, yaml.MappingNode) else []
+            key_lines["equivalent lines"] = _equivalent_lines(node) if isinstance(node, yaml.MappingNode) else {}
             name = merged.get("name")
             if not isinstance(name, str):
                 raise CaseError(f"'name' must be a string, got {name!r}", path, key_lines.get("name", line))
@@ -210,15 +226,15 @@ def _names_read(lines):
     return {node.name for node in nodes(lines) if isinstance(node, Ref)}
 
 
-def _check_params_used(lines, params, where):
+def _check_params_used(lines, params, where, what=""):
     """Every param must reach the graph: ggml refuses a graph with no trainable parameters
     (an abort), and an unused one would be reported as checked when nothing checked it."""
     unused = [p for p in params if p not in _names_read(lines)]
     if len(unused) == len(params):
-        raise CaseError(f"the graph uses none of the params ({', '.join(params)}): ggml has no gradient "
+        raise CaseError(f"{what}the graph uses none of the params ({', '.join(params)}): ggml has no gradient "
                         "to compute; use them in the graph, or declare constants under inputs", *where)
     if unused:
-        raise CaseError(f"param(s) {', '.join(unused)} not used by the graph: remove them, or use them", *where)
+        raise CaseError(f"{what}param(s) {', '.join(unused)} not used by the graph: remove them, or use them", *where)
 
 
 def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), builtin=False):
@@ -231,9 +247,20 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
     unknown = [k for k in raw if k not in CASE_KEYS]
     if unknown:
         raise CaseError(f"unknown key '{unknown[0]}'; a case may have: {', '.join(CASE_KEYS)}", *at(unknown[0]))
-    for required in ("name", "params", "graph"):
+    for required in ("name", "params"):
         if required not in raw:
             raise CaseError(f"missing key '{required}' ({CASE_KEYS[required]})", path, line)
+    if "graph" not in raw and "equivalent" not in raw:
+        raise CaseError(f"missing key 'graph' ({CASE_KEYS['graph']}), or 'equivalent' ({CASE_KEYS['equivalent']})",
+                        path, line)
+    if "graph" in raw and "equivalent" in raw:
+        raise CaseError("a case has either 'graph' (checked against finite differences) or 'equivalent' "
+                        "(formulations checked against each other), not both", *at("equivalent"))
+    if "equivalent" in raw:
+        for key in FINITE_DIFFERENCE_KEYS:
+            if key in raw:
+                raise CaseError(f"'{key}' has no meaning in an equivalence case: it computes no finite differences "
+                                "(its limit comes from the f32 roundoff of the formulations); remove it", *at(key))
     name = raw["name"]
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise CaseError(f"name {name!r} must be letters, digits, _ . or -", *at("name"))
@@ -317,24 +344,14 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
             raise CaseError(f"init names '{pname}', which is not a param (params: {', '.join(params)})", *at("init"))
         _check_init(spec, f"param '{pname}'", at("init"))
 
-    template = Case(name=name, graph=raw["graph"], params=params, inputs=inputs, init=init,
+    template = Case(name=name, graph=raw.get("graph", ""), params=params, inputs=inputs, init=init,
                     eps=eps, stencil=stencil, max_maa=max_maa, seed=seed, mode=mode,
                     directions=directions, timeout=timeout, threads=threads,
                     builtin=builtin, origin={"path": str(path), "line": line})
-    try:
-        lines = parse_graph(raw["graph"])
-    except CaseError as exc:
-        raise CaseError(str(exc), *at("graph")) from None
-    _check_params_used(lines, params, at("params"))
-    try:
-        out_shape = infer_shapes(template)
-    except CaseError as exc:
-        # point at the offending line of a multi-line graph, else at `graph:`
-        where = at("graph")
-        item_lines = key_lines.get("graph lines") or []
-        if exc.graph_line and isinstance(raw["graph"], list) and exc.graph_line <= len(item_lines):
-            where = (path, item_lines[exc.graph_line - 1])
-        raise CaseError(str(exc), *where) from None
+    if "equivalent" in raw:
+        template, out_shape = _equivalent_template(raw["equivalent"], template, at, key_lines, path)
+    else:
+        out_shape = _check_graph(raw["graph"], template, at("graph"), key_lines.get("graph lines") or [], at)
     for c in consumers:
         why = check_consumer(c, out_shape)
         if why:
@@ -346,3 +363,46 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
                 case = Case(**{**template.to_dict(), "consumer": c, "loss": lo, "backend": b})
                 cases.append(case)
     return cases
+
+
+def _check_graph(graph, template, where, item_lines, at, what=""):
+    """Parse one graph and infer its output shape, every error at its own YAML line."""
+    try:
+        lines = parse_graph(graph)
+    except CaseError as exc:
+        raise CaseError(what + str(exc), *where) from None
+    _check_params_used(lines, template.params, at("params") if not what else where, what)
+    try:
+        return infer_shapes(dataclasses.replace(template, graph=graph))
+    except CaseError as exc:
+        # point at the offending line of a multi-line graph, else at the graph's key
+        if exc.graph_line and isinstance(graph, list) and exc.graph_line <= len(item_lines):
+            where = (where[0], item_lines[exc.graph_line - 1])
+        raise CaseError(what + str(exc), *where) from None
+
+
+def _equivalent_template(formulations, template, at, key_lines, path):
+    """An equivalence case: every formulation parses, uses every param and gives one output
+    shape (a mismatch would be found only in the worker, as a comparison of unlike things)."""
+    if (not isinstance(formulations, dict) or len(formulations) < 2 or
+            not all(isinstance(v, (str, list)) for v in formulations.values())):
+        raise CaseError("'equivalent' must map two or more formulation names to graphs, e.g. "
+                        "{chunked: [...lines...], whole: [...lines...]}", *at("equivalent"))
+    lines_of = key_lines.get("equivalent lines") or {}
+    shapes, graphs = {}, {}
+    for fname, graph in formulations.items():
+        key_line, item_lines = lines_of.get(fname, (at("equivalent")[1], []))
+        if not isinstance(fname, str) or not TENSOR_NAME_RE.match(fname):
+            raise CaseError(f"formulation name {clip(repr(fname))} must be an identifier (letters, digits and _)",
+                            path, key_line)
+        shapes[fname] = _check_graph(graph, template, (path, key_line), item_lines, at,
+                                     what=f"formulation '{fname}': ")
+        graphs[fname] = graph
+    first = next(iter(shapes))
+    for fname, shape in shapes.items():
+        if shape != shapes[first]:
+            raise CaseError(f"formulation '{fname}' gives an output of shape {list(shape)}, '{first}' gives "
+                            f"{list(shapes[first])}: equivalent formulations must produce the same output",
+                            path, lines_of.get(fname, (at("equivalent")[1],))[0])
+    case = dataclasses.replace(template, graph=graphs[first], equivalent=graphs, mode="equivalence")
+    return case, shapes[first]

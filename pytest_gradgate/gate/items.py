@@ -37,7 +37,9 @@ class CaseFile(pytest.File):
                 yield NotBuiltItem.from_parent(self, name=f"{entry.name}[not-built]", entry=entry,
                                                backends=state.backends)
                 continue
-            cases = [dataclasses.replace(c, mode=mode) if mode and c.mode != mode else c for c in entry.cases]
+            # (not an equivalence case's: it compares formulations, it has no finite differences to switch)
+            cases = [dataclasses.replace(c, mode=mode) if mode and c.mode != mode and not c.equivalent else c
+                     for c in entry.cases]
             # refused now, with its cost, not after minutes of silence (the mode as overridden)
             too_big = full_mode_problem(cases[0]) if cases else None
             if too_big:   # one error for the declaration, not one per variant

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
-BUILTIN_FILES = tuple(PACKAGE_DIR / n for n in ("cases.yaml", "cases_fast.yaml"))  # full mode; fast mode
+# full mode; fast mode; equivalence (formulations against each other)
+BUILTIN_FILES = tuple(PACKAGE_DIR / n for n in ("cases.yaml", "cases_fast.yaml", "cases_equivalence.yaml"))
 BUILTIN_PREFIX = "pytest_gradgate/"
 CASE_FILE_RE = re.compile(r"^gradgate_.*\.ya?ml$")    # users' case files, found under the paths collected
 

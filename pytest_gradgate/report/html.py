@@ -202,17 +202,23 @@ def _worst_rows(param, analytic=None, numeric=None):
                 rest //= size
             rows.append((idx, float(a[flat]), float(n[flat])))
         return rows
-    return [(w["index"], w["analytic"], w["numeric"]) for w in param.get("worst") or []]
+    a_key, n_key = (param.get("labels") or ["analytic", "numeric"])[:2]     # an equivalence case: its formulations
+    return [(w["index"], w[a_key], w[n_key]) for w in param.get("worst") or []]
 
 
 def _param_section(param, draw=True):
     name = param.get("name", "?")
+    if param.get("nmse") is not None:       # an equivalence case: two formulations, no numeric gradient
+        measured = (f'{_e(param.get("pair"))}: NMSE {_e(_num(param.get("nmse")))} (limit {_e(_num(param.get("limit")))}), '
+                    f'cosine {_e(_num(param.get("cosine"), ".4f"))}, norm ratio {_e(_num(param.get("norm_ratio"), ".4g"))}, '
+                    f'max |difference| {_e(_num(param.get("max_abs_diff")))} over {_e(param.get("n_elements"))} elements')
+    else:
+        measured = (f'MAA {_e(_num(param.get("maa")))} (limit {_e(_num(param.get("limit")))}), '
+                    f'cosine {_e(_num(param.get("cosine"), ".4f"))}, norm ratio {_e(_num(param.get("norm_ratio"), ".4g"))}, '
+                    f'max |a&minus;n| {_e(_num(param.get("max_abs_err")))}, compared {_e(param.get("n_compared"))} '
+                    f'of {_e(param.get("n_elements"))}')
     out = [f'<div class="param"><h4>param {_e(name)} {_e(param.get("shape"))}</h4>',
-           '<p class="metrics">'
-           f'MAA {_e(_num(param.get("maa")))} (limit {_e(_num(param.get("limit")))}), '
-           f'cosine {_e(_num(param.get("cosine"), ".4f"))}, norm ratio {_e(_num(param.get("norm_ratio"), ".4g"))}, '
-           f'max |a&minus;n| {_e(_num(param.get("max_abs_err")))}, compared {_e(param.get("n_compared"))} '
-           f'of {_e(param.get("n_elements"))}'
+           '<p class="metrics">' + measured
            + (f'<br>diagnosis: {_e(param.get("diagnosis"))}' if param.get("diagnosis") else "") + "</p>"]
     analytic = numeric = None
     has_values = param.get("analytic_values") is not None and param.get("numeric_values") is not None
@@ -238,12 +244,14 @@ def _param_section(param, draw=True):
             png = heatmap_png(label, analytic[i3, i2], numeric[i3, i2], vmax=vmax)
             out.append(f'<figure class="slice">{_img(png, label)}<figcaption>{_e(label)} '
                        "(rows i1, columns i0)</figcaption></figure>")
-    elif not param.get("passed", True):
+    elif not param.get("passed", True) and param.get("nmse") is None:
         out.append('<p class="note">no per-element values (fast mode compares directional derivatives)</p>')
     worst = _worst_rows(param, analytic, numeric)
     if worst:
-        out.append('<table class="worst"><thead><tr><th>index [i0, i1, i2, i3]</th><th>analytic</th>'
-                   "<th>numeric</th><th>|a&minus;n|</th></tr></thead><tbody>")
+        a_label, n_label = (param.get("labels") or ["analytic", "numeric"])[:2]
+        out.append(f'<table class="worst"><thead><tr><th>index [i0, i1, i2, i3]</th><th>{_e(a_label)}</th>'
+                   f"<th>{_e(n_label)}</th><th>{'|difference|' if param.get('labels') else '|a&minus;n|'}</th>"
+                   "</tr></thead><tbody>")
         for idx, a, n in worst:
             out.append(f"<tr><td>{_e(list(idx))}</td><td>{_e(_num(a, '+.6g'))}</td><td>{_e(_num(n, '+.6g'))}</td>"
                        f"<td>{_e(_num(abs(a - n), '.3g'))}</td></tr>")

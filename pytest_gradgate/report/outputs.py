@@ -18,9 +18,9 @@ REPORT_SCHEMA_FILE = Path(__file__).parent / "report.schema.json"
 # per case, in this order; the Result's per-element values lists are left out on purpose
 CASE_FIELDS = ("case_id", "name", "op", "consumer", "loss", "backend", "mode", "threads", "status", "outcome", "phase",
                "maa", "max_maa", "limit", "cosine", "power", "diagnosis", "message", "signal",
-               "baseline", "skip_reason", "duration", "nodeid")
+               "baseline", "skip_reason", "duration", "nodeid", "formulations", "nmse")
 PARAM_FIELDS = ("name", "shape", "maa", "limit", "cosine", "norm_ratio", "max_abs_err", "n_compared",
-                "n_elements", "power", "passed")
+                "n_elements", "power", "passed", "pair", "nmse", "max_abs_diff")
 
 
 def failed_results(results):
@@ -134,7 +134,9 @@ def one_line(r):
     if r.get("baseline") == "stale":
         return r.get("message") or "fixed: remove it from the baseline"
     what = (f"MAA {_fmt(r.get('maa'))} > {_fmt(r.get('limit') or r.get('max_maa'))}"
-            if r["status"] == "failed" and r.get("maa") is not None else f"{r['status']} in phase {r['phase']}")
+            if r["status"] == "failed" and r.get("maa") is not None else
+            f"NMSE {_fmt(r.get('nmse'))} > {_fmt(r.get('limit'))}"      # an equivalence case
+            if r["status"] == "failed" and r.get("nmse") is not None else f"{r['status']} in phase {r['phase']}")
     return f"{what}: {r.get('diagnosis') or r.get('message') or ''}".rstrip(": ")
 
 

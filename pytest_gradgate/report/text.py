@@ -25,6 +25,9 @@ def format_result(result):
         lines.append(f"  {r['message']}")
     if r.get("signal"):
         lines.append(f"  signal: {r['signal']}")
+    if r.get("mode") == "equivalence":
+        lines.extend(_equivalence_lines(r))
+        return "\n".join(lines)
     for p in r.get("params") or []:
         excluded = ", ".join(f"{n} {why}" for why, n in (p.get("excluded") or {}).items()) or "none"
         lines.append(
@@ -36,3 +39,22 @@ def format_result(result):
             for w in p.get("worst") or []:
                 lines.append(f"      at {w['index']}: analytic {w['analytic']:+.6g}  numeric {w['numeric']:+.6g}")
     return "\n".join(lines)
+
+
+def _equivalence_lines(r):
+    """Forwards first (a differing forward is the whole story), then each param of each pair."""
+    lines = [f"  formulations: {', '.join(r.get('formulations') or [])} (analytic gradients against each other, "
+             "limit from their f32 roundoff)"]
+    for f in r.get("forward") or []:
+        lines.append(f"  forward {f.get('pair')}: NMSE {format_number(f.get('nmse'))} (limit {format_number(f.get('limit'))}), "
+                     f"cosine {format_number(f.get('cosine'), '.6f')}, max |diff| {format_number(f.get('max_abs_diff'))}")
+    for p in r.get("params") or []:
+        lines.append(f"  param {p['name']} {p.get('shape')} {p.get('pair')}: NMSE {format_number(p.get('nmse'))} "
+                     f"(limit {format_number(p.get('limit'))}), cosine {format_number(p.get('cosine'), '.6f')}, "
+                     f"norm ratio {format_number(p.get('norm_ratio'), '.6g')}, max |diff| "
+                     f"{format_number(p.get('max_abs_diff'))} over {p.get('n_elements')} elements")
+        if not p.get("passed"):
+            a, b = (p.get("labels") or ["a", "b"])[:2]
+            for w in p.get("worst") or []:
+                lines.append(f"      at {w['index']}: {a} {w.get(a, float('nan')):+.6g}  {b} {w.get(b, float('nan')):+.6g}")
+    return lines

@@ -1,0 +1,137 @@
+"""Equivalence cases: two or more formulations of one computation must give one gradient.
+
+    - name: kv_walk_equivalence
+      params: {q: [...], k: [...], v: [...]}
+      equivalent:
+        chunked: [...lines...]      # chunks, each with a cached prefix concatenated
+        whole: [...lines...]        # the same attention as one graph
+
+Each formulation is built in a context of its own from the same Case (so the same param
+and input values, check/engine.py build_leaves), through the case's consumer and loss,
+and computed with one backward pass; no finite differences, so a case can have millions of
+elements. The formulations' GradientSets are compared pairwise by check/gradsets.py,
+the comparison a cross-backend parity check uses too: forwards first, then each param's
+gradient against a limit from the f32 roundoff of the two computations (check/roundoff.py).
+
+The consumer is not self-checked as in the finite-difference engine: it sits after every
+formulation's output, whose values agree (the forwards are compared first), so each
+formulation gets the same incoming gradient from it, right or wrong, and the comparison of
+their backwards stands either way.
+"""
+
+import time
+from itertools import combinations
+
+import numpy as np
+
+from pytest_gradgate.check import gradsets, roundoff
+from pytest_gradgate.check.engine import GRAPH_SIZE, GraphBuilder, build_leaves, graph_tensors, read_tensor, write_tensor
+from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
+from pytest_gradgate.check.result import Result
+from pytest_gradgate.declare.expr import parse_graph
+from pytest_gradgate.declare.graph import walk
+from pytest_gradgate.ops.consumers import CONSUMERS
+from pytest_gradgate.ops.losses import LOSSES
+from pytest_gradgate.ops.table import ne4
+
+
+class _Stop(Exception):
+    """A formulation that could not be computed: the Result says why."""
+
+    def __init__(self, status, phase, message):
+        super().__init__(message)
+        self.status, self.phase, self.message = status, phase, message
+
+
+def compute_formulation(case, lib, label, graph, phase):
+    """One formulation's GradientSet: forward, consumer, loss, one backward on case.threads."""
+    lines = parse_graph(graph)
+    phase(Phase.BUILD_FORWARD)
+    g = GraphBuilder(lib, case, n_tensors=graph_tensors(case, lines))
+    session = None
+    try:
+        leaves, params = build_leaves(g, case)
+        y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p))
+        z = g.contiguous(CONSUMERS[case.consumer].build(g, y))
+        loss = LOSSES[case.loss].build(g, z)
+        phase(Phase.BUILD_BACKWARD)
+        gf = lib.gg_graph_forward(g.ctx, loss, GRAPH_SIZE)
+        gb = lib.gg_graph_backward(g.ctx, gf, GRAPH_SIZE)
+        grads = {name: lib.ggml_graph_get_grad(gb, t) for name, t in params.items()}
+        phase(Phase.COMPUTE)
+        err = g.ffi.new("char[256]")
+        session = lib.gg_session_new(case.backend.encode(), case.threads, err, 256)
+        if session == g.ffi.NULL:
+            raise _Stop(Status.ERROR, Phase.COMPUTE, g.ffi.string(err).decode())
+        unsupported = lib.gg_session_first_unsupported(session, g.ctx)
+        if unsupported != g.ffi.NULL:
+            name = g.ffi.string(lib.gg_tensor_op_name(unsupported)).decode()
+            raise _Stop(Status.SKIPPED, Phase.COMPUTE, f"formulation '{label}': backend {case.backend} does not "
+                        f"support {name} (ggml_backend_supports_op)")
+        if not lib.gg_session_alloc(session, g.ctx):
+            raise _Stop(Status.ERROR, Phase.COMPUTE, f"formulation '{label}': could not allocate the graph's tensors")
+        for t, values in g.values:
+            write_tensor(g, t, values)
+        lib.ggml_graph_reset(gb)
+        status = lib.gg_session_compute(session, gb)
+        if status != 0:
+            raise _Stop(Status.ERROR, Phase.COMPUTE, f"formulation '{label}': backward compute failed "
+                        f"(ggml_status {status})")
+        out_ne, _ = g.layout(y)
+        shapes = {name: ne4(case.params[name]) for name in params}
+        values = {name: (read_tensor(g, grads[name]) if grads[name] != g.ffi.NULL
+                         else np.zeros(int(np.prod(shapes[name])))) for name in params}
+        forward_steps, steps = roundoff.rounding_steps(case, graph)
+        return gradsets.GradientSet(label, read_tensor(g, y), tuple(out_ne), values, shapes, forward_steps, steps)
+    finally:
+        if session is not None and session != g.ffi.NULL:
+            lib.gg_session_free(session)
+        lib.gg_ctx_free(g.ctx)
+
+
+def run_case(case, lib, phase=lambda name: None):
+    started = time.perf_counter()
+    result = Result.for_case(case)
+    sets = []
+    try:
+        for label, graph in case.equivalent.items():
+            sets.append(compute_formulation(case, lib, label, graph, phase))
+    except _Stop as stop:
+        return result.finish(stop.status, stop.phase, message=stop.message, started=started)
+    phase(Phase.COMPARE)
+    judge(result, case, [gradsets.compare_sets(a, b) for a, b in combinations(sets, 2)])
+    return result.finish(result.status, Phase.DONE, started=started)
+
+
+def judge(result, case, comparisons):
+    """Fill result from pairwise comparisons: the forwards first, then the gradients."""
+    result.power = None         # power is a finite-difference notion (a scrambled dL/dy); not measured here
+    result.forward = [dict(c["forward"], pair=c["pair"]) for c in comparisons]
+    differing = [c for c in comparisons if c["forward_differs"]]
+    if differing:
+        c = differing[0]
+        f = c["forward"]
+        what = (f"output shapes {f['shape_mismatch'][0]} and {f['shape_mismatch'][1]}" if "shape_mismatch" in f
+                else f"NMSE {f['nmse']:.3g} > limit {f['limit']:.3g}, cosine {f.get('cosine', float('nan')):.4f}")
+        result.kind = Diagnosis.FORWARD_DIFFERS
+        result.diagnosis = (f"the forward differs: {c['pair']} compute different outputs ({what}), so they are not "
+                            "formulations of one computation; no claim about their gradients is made")
+        result.message = f"{case.id}: forward of {c['pair']} differs"
+        result.nmse, result.limit = f["nmse"], f["limit"]
+        result.status = Status.FAILED
+        return
+    for c in comparisons:
+        result.params.extend(c["params"])
+    worst = max(result.params, key=lambda m: m["nmse"] / max(m["limit"], 1e-300))
+    result.nmse, result.limit, result.cosine = worst["nmse"], worst["limit"], worst.get("cosine")
+    result.n_compared = sum(m["n_elements"] for m in result.params)
+    failed = [m for m in result.params if not m["passed"]]
+    if not failed:
+        result.status = Status.PASSED
+        return
+    first = failed[0]
+    result.status = Status.FAILED
+    result.kind = Diagnosis(first["diagnosis_kind"])
+    result.diagnosis = f"{first['name']}: {first['pair']}: {first['diagnosis']}"
+    result.message = (f"{case.id}: {first['pair']}: NMSE {first['nmse']:.3g} > limit {first['limit']:.3g} "
+                      f"for param {first['name']}")
