@@ -13,6 +13,7 @@ import numpy as np
 from pytest_gradgate.build import binding
 from pytest_gradgate.check import directional, metrics, power, reliability, selfcheck
 from pytest_gradgate.ops.consumers import CONSUMERS
+from pytest_gradgate.ops.producers import PRODUCERS, laid_out_params
 from pytest_gradgate.declare.expr import main_op, ops_used, parse_graph
 from pytest_gradgate.declare.graph import input_shape, walk
 from pytest_gradgate.ops.losses import LOSSES
@@ -114,15 +115,23 @@ def run_case(case, lib, phase=lambda name: None):
     # sized by ops, not lines: one line may nest many (its forward, consumer, loss and backward
     # tensors), with room for the power probe's second backward over the same nodes
     n_ops = max(len(lines), len(ops_used(lines)))
-    g = GraphBuilder(lib, case, n_tensors=128 + 64 * n_ops + len(case.params) + len(case.inputs))
+    g = GraphBuilder(lib, case, n_tensors=128 + 64 * n_ops + 2 * len(case.params) + len(case.inputs))
     session = None
     try:
-        leaves, params = {}, {}
-        for name, shape in case.params.items():
-            t = g.new_tensor(shape, name=name)
+        leaves, params, shapes = {}, {}, {}
+        declared = {name: ne4(shape) for name, shape in case.params.items()}
+        laid_out = laid_out_params(case.producer, declared)
+        for name, ne in declared.items():
+            # through a producer the op reads a view of the declared shape; the leaf behind it
+            # (another layout) is what gets the gradient and the finite differences
+            producer = PRODUCERS[case.producer if name in laid_out else "none"]
+            shapes[name] = producer.leaf_shape(ne)
+            t = g.new_tensor(shapes[name], name=name)
             lib.ggml_set_param(t)
-            leaves[name] = params[name] = t
-            g.values.append((t, make_values(g.rng, ne4(shape), case.init.get(name, (-1.0, 1.0)))))
+            params[name] = t
+            leaves[name] = producer.build(g, t, ne)
+            # init ranges are per element, so values drawn for the leaf's shape are as good
+            g.values.append((t, make_values(g.rng, shapes[name], case.init.get(name, (-1.0, 1.0)))))
         for name, spec in case.inputs.items():
             is_i32 = spec.get("type", "f32") == "i32"
             t = g.new_tensor(input_shape(spec), is_i32=is_i32, name=name)
@@ -137,6 +146,16 @@ def run_case(case, lib, phase=lambda name: None):
         # reach the op contiguous, which is what consumer `none` means
         z = g.contiguous(CONSUMERS[case.consumer].build(g, y))
         loss = LOSSES[case.loss].build(g, z)
+
+        if laid_out:
+            # before the op is blamed for anything: can the producer carry a gradient at all here?
+            phase(Phase.PRODUCER_CHECK)
+            for name in laid_out:
+                why = selfcheck.check_producer(case, lib, declared[name], case.threads)
+                if why is not None:
+                    result.kind = Diagnosis.PRODUCER_FAILS
+                    result.diagnosis = selfcheck.producer_failure_text(case.producer, why)
+                    return result.finish(Status.PRODUCER_FAILED, Phase.PRODUCER_CHECK, started=started)
 
         if case.consumer != "none":
             # before the op is blamed for anything: can the consumer carry a gradient at all here?
@@ -177,7 +196,7 @@ def run_case(case, lib, phase=lambda name: None):
         loss_scale = LOSSES[case.loss].scale(g, z, loss_value, lambda t: read_tensor(g, t))
         analytic = {}
         for name, t in params.items():
-            n = int(np.prod(ne4(case.params[name])))
+            n = int(np.prod(shapes[name]))
             analytic[name] = read_tensor(g, grads[name]) if grads[name] != g.ffi.NULL else np.zeros(n)
 
         # the forwards of the finite differences on one: the reference must not share the bug
@@ -189,7 +208,7 @@ def run_case(case, lib, phase=lambda name: None):
 
         phase(Phase.COMPARE)
         predictions = probe.predictions(session)
-        _compare(result, case, checks, predictions)
+        _compare(result, case, checks, predictions, shapes, laid_out)
         result.loss_value = loss_value
         return result.finish(result.status, Phase.DONE, started=started)
     finally:
@@ -265,7 +284,7 @@ def _check_status(st):
         raise RuntimeError(f"forward compute failed during finite differences (ggml_status {st})")
 
 
-def _compare(result, case, checks, predictions):
+def _compare(result, case, checks, predictions, shapes, laid_out=()):
     failed, unreliable, inconclusive = [], [], []
     if predictions is None:
         param_power, detail, uncaught = {name: False for name in checks}, {}, None
@@ -275,12 +294,14 @@ def _compare(result, case, checks, predictions):
     case_power = uncaught == []
     result.power_scrambles = {s: {p: float(v) for p, v in maa.items()} for s, maa in detail.items()}
     for name, c in checks.items():
-        ne = list(ne4(case.params[name]))
+        ne = list(shapes[name])
         shape_ne = ne if case.mode == "full" else [len(c["numeric"]), 1, 1, 1]
         m = metrics.compare(c["analytic"], c["numeric"], c["noise"], case.max_maa, shape_ne)
         m["power"] = param_power[name]
         m["name"] = name
         m["shape"] = ne
+        if name in laid_out:
+            m["producer"] = case.producer    # ne is the leaf's; the op read a view of the declared shape
         m.update(c.get("report", {}))   # fast mode: how the directions were taken, the located elements
         if not m["passed"] and "halved" in c:
             # before the backward is blamed: are the finite differences evidence at these elements?
@@ -357,6 +378,10 @@ def _compare(result, case, checks, predictions):
         # the usual cause when only a non-contiguous consumer fails: the backward ignores grad's strides
         diagnosis += (f"; the gradient reaches the op through consumer '{case.consumer}' (non-contiguous): "
                       "if consumer 'none' passes, the backward reads the incoming gradient ignoring its strides")
+    if first["name"] in laid_out and kind in STRIDE_SUSPECTS:
+        # the mirror: only a non-contiguous input fails, so the backward misreads a forward input
+        diagnosis += (f"; {first['name']} reaches the op through producer '{case.producer}' (non-contiguous): if "
+                      "producer 'none' passes, the backward reads a forward input ignoring its strides")
     result.kind = kind
     result.diagnosis = f"{first['name']}: {diagnosis}"
     # the numbers only: the diagnosis is its own field, and the failure text shows both

@@ -340,6 +340,14 @@ class Runner:
             result.kind = Diagnosis.CONSUMER_FAILS
             explanation = selfcheck.failure_text(case.consumer, f"ggml: {msg}" if msg else f"it died ({crash.how})")
             status = Status.CONSUMER_FAILED
+        elif phase == Phase.PRODUCER_CHECK:
+            # the mirror: it died in the producer alone, between a param's leaf and the loss
+            from pytest_gradgate.check import selfcheck
+            msg = ggml_message(crash.stderr)
+            result.kind = Diagnosis.PRODUCER_FAILS
+            explanation = selfcheck.producer_failure_text(case.producer,
+                                                          f"ggml: {msg}" if msg else f"it died ({crash.how})")
+            status = Status.PRODUCER_FAILED
         ggml_msg = ggml_message(result.stderr_tail)
         # a dead worker's peak is its whole life's (isolate=worker: earlier cases' too), so the
         # cap is only named for a death that looks like a failed allocation: no message of
