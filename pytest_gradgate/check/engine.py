@@ -105,11 +105,68 @@ def write_tensor(g, t, values):
     g.lib.gg_tensor_write(t, g.ffi.from_buffer(data), 0, data.nbytes)
 
 
+def _build_forward(g, case, lines):
+    """The case's leaves and forward graph in g -> (declared shapes, params laid out by the
+    producer, param leaves, leaf shapes, the op's output)."""
+    lib = g.lib
+    leaves, params, shapes = {}, {}, {}
+    declared = {name: ne4(shape) for name, shape in case.params.items()}
+    laid_out = laid_out_params(case.producer, declared)
+    for name, ne in declared.items():
+        # through a producer the op reads a view of the declared shape; the leaf behind it
+        # (another layout) is what gets the gradient and the finite differences
+        producer = PRODUCERS[case.producer if name in laid_out else "none"]
+        shapes[name] = producer.leaf_shape(ne)
+        t = g.new_tensor(shapes[name], name=name)
+        lib.ggml_set_param(t)
+        params[name] = t
+        leaves[name] = producer.build(g, t, ne)
+        # init ranges are per element, so values drawn for the leaf's shape are as good
+        g.values.append((t, make_values(g.rng, shapes[name], case.init.get(name, (-1.0, 1.0)))))
+    for name, spec in case.inputs.items():
+        is_i32 = spec.get("type", "f32") == "i32"
+        t = g.new_tensor(input_shape(spec), is_i32=is_i32, name=name)
+        leaves[name] = t
+        if "values" in spec:
+            g.values.append((t, np.asarray(spec["values"], dtype=np.int32 if is_i32 else np.float32)))
+        else:
+            g.values.append((t, make_values(g.rng, input_shape(spec), spec.get("init", (-1.0, 1.0)))))
+    y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p))
+    return declared, laid_out, params, shapes, y
+
+
+def _forward_takes(case, lib, lines):
+    """Compute the case's forward alone with its params through the producer; an op whose
+    forward rejects that layout (a constructor's or kernel's contiguity assert) aborts here,
+    in Phase.PRODUCER_FORWARD, before anything about its backward is claimed."""
+    g = GraphBuilder(lib, case, n_tensors=128 + 16 * max(len(lines), len(ops_used(lines))) + 2 * len(case.params)
+                     + len(case.inputs))
+    session = None
+    try:
+        _, _, _, _, y = _build_forward(g, case, lines)
+        gf = lib.gg_graph_forward(g.ctx, LOSSES[case.loss].build(g, g.contiguous(y)), GRAPH_SIZE)
+        err = g.ffi.new("char[256]")
+        session = lib.gg_session_new(case.backend.encode(), 1, err, 256)
+        if session == g.ffi.NULL or not lib.gg_session_alloc(session, g.ctx):
+            return      # the case itself reports a backend that cannot start
+        for t, values in g.values:
+            write_tensor(g, t, values)
+        lib.gg_session_compute(session, gf)     # a status != 0 shows again in the case's own compute
+    finally:
+        if session is not None and session != g.ffi.NULL:
+            lib.gg_session_free(session)
+        lib.gg_ctx_free(g.ctx)
+
+
 def run_case(case, lib, phase=lambda name: None):
     started = time.perf_counter()
     result = Result.for_case(case)
     lines = parse_graph(case.graph)
     result.op = main_op(lines)
+
+    if laid_out_params(case.producer, {name: ne4(shape) for name, shape in case.params.items()}):
+        phase(Phase.PRODUCER_FORWARD)
+        _forward_takes(case, lib, lines)
 
     phase(Phase.BUILD_FORWARD)
     # sized by ops, not lines: one line may nest many (its forward, consumer, loss and backward
@@ -118,29 +175,7 @@ def run_case(case, lib, phase=lambda name: None):
     g = GraphBuilder(lib, case, n_tensors=128 + 64 * n_ops + 2 * len(case.params) + len(case.inputs))
     session = None
     try:
-        leaves, params, shapes = {}, {}, {}
-        declared = {name: ne4(shape) for name, shape in case.params.items()}
-        laid_out = laid_out_params(case.producer, declared)
-        for name, ne in declared.items():
-            # through a producer the op reads a view of the declared shape; the leaf behind it
-            # (another layout) is what gets the gradient and the finite differences
-            producer = PRODUCERS[case.producer if name in laid_out else "none"]
-            shapes[name] = producer.leaf_shape(ne)
-            t = g.new_tensor(shapes[name], name=name)
-            lib.ggml_set_param(t)
-            params[name] = t
-            leaves[name] = producer.build(g, t, ne)
-            # init ranges are per element, so values drawn for the leaf's shape are as good
-            g.values.append((t, make_values(g.rng, shapes[name], case.init.get(name, (-1.0, 1.0)))))
-        for name, spec in case.inputs.items():
-            is_i32 = spec.get("type", "f32") == "i32"
-            t = g.new_tensor(input_shape(spec), is_i32=is_i32, name=name)
-            leaves[name] = t
-            if "values" in spec:
-                g.values.append((t, np.asarray(spec["values"], dtype=np.int32 if is_i32 else np.float32)))
-            else:
-                g.values.append((t, make_values(g.rng, input_shape(spec), spec.get("init", (-1.0, 1.0)))))
-        y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p))
+        declared, laid_out, params, shapes, y = _build_forward(g, case, lines)
         # an op whose output is a view (transpose, permute) would reach the loss's sqr kernel
         # non-contiguous, which ggml's CPU unary kernels reject; the cont makes the gradient
         # reach the op contiguous, which is what consumer `none` means
@@ -325,8 +360,10 @@ def _compare(result, case, checks, predictions, shapes, laid_out=()):
                 result.params.append(m)
                 continue
         if not m["passed"]:
+            reads = (f"its input {name} (through producer '{case.producer}')"
+                     if name in laid_out and case.consumer == "none" else "the incoming gradient")
             kind, m["diagnosis"] = c.get("diagnosis") or metrics.diagnose(c["analytic"], c["numeric"], c["noise"],
-                                                                          m, case.max_maa)
+                                                                          m, case.max_maa, reads)
             m["diagnosis_kind"] = str(kind)
             failed.append(name)
             if case.mode == "full":
@@ -371,7 +408,9 @@ def _compare(result, case, checks, predictions, shapes, laid_out=()):
         n = np.concatenate([c["numeric"] for c in checks.values()])
         noise = np.concatenate([np.broadcast_to(c["noise"], np.shape(c["numeric"])) for c in checks.values()])
         combined = metrics.compare(a, n, noise, case.max_maa)
-        joint_kind, joint = metrics.diagnose(a, n, noise, combined, case.max_maa)
+        joint_kind, joint = metrics.diagnose(a, n, noise, combined, case.max_maa,
+                                             f"its inputs (through producer '{case.producer}')"
+                                             if laid_out and case.consumer == "none" else "the incoming gradient")
         if joint_kind is Diagnosis.WRONG_POSITIONS:
             kind, diagnosis = joint_kind, joint + " (across params " + ", ".join(checks) + ")"
     if case.consumer != "none" and kind in STRIDE_SUSPECTS:

@@ -41,6 +41,9 @@ class Phase(_Word):
     STARTUP = "startup"             # before the case reached ggml (worker start, fork)
     LOAD_LIBRARY = "load-library"   # the worker dlopens the build
     BUILD_FORWARD = "build-forward"
+    # the op's forward alone with its params through the case's producer: an abort here is the
+    # forward rejecting that input layout (a contiguity assert), nothing about the backward
+    PRODUCER_FORWARD = "producer-forward"
     PRODUCER_CHECK = "producer-check"   # the producer alone, from a param's leaf to the loss
     CONSUMER_CHECK = "consumer-check"   # the consumer alone, on a stand-in for the op's output
     BUILD_BACKWARD = "build-backward"
@@ -69,6 +72,7 @@ class Diagnosis(_Word):
     HUNG = "hung"
     CONSUMER_FAILS = "consumer-fails"     # the consumer's own backward aborts or is wrong
     PRODUCER_FAILS = "producer-fails"     # the producer's own backward aborts or is wrong
+    FORWARD_REJECTS_LAYOUT = "forward-rejects-layout"   # the op's forward asserts on the producer's layout
     NUMERIC_UNRELIABLE = "numeric-unreliable"   # the finite differences are not evidence here
     INCONCLUSIVE = "inconclusive"         # fast mode: too little evidence to pass or to fail
     BROKEN_BUILD = "broken-build"         # the worker cannot load the library: no case can run

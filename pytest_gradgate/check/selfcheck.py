@@ -46,6 +46,12 @@ def producer_failure_text(producer, why):
             "the op is not tested through this producer; its result says nothing about the op")
 
 
+def forward_rejects_text(producer, why):
+    """The skip reason of a case whose op's forward does not take the producer's layout."""
+    return (f"producer '{producer}': the op's forward does not take its input laid out so in this ggml ({why}); "
+            "nothing about the backward was checked")
+
+
 def permutation_of(ne, nb, element_size=4):
     """axes such that permute(param of base shape, *axes) has strides nb, or None.
 

@@ -33,8 +33,9 @@ CASE_KEYS = {
     "init": "param value ranges: name -> [lo, hi] or {abs: [lo, hi]} (random signs)",
     "graph": "an expression, or a list of 'name = expression' lines; the last line is the output",
     "consumers": f"consumers to check through (default {list(DEFAULT_CONSUMERS)})",
-    "producers": f"what the params go through before the op (default {list(DEFAULT_PRODUCERS)}); each one "
-                 "is checked through consumer none (if the case has it), each consumer through producer none",
+    "producers": f"what the params go through before the op (default {list(DEFAULT_PRODUCERS)}, or [none] "
+                 "when the case names its consumers); each one is checked through consumer none (if the case has "
+                 "it), each consumer through producer none",
     "loss": "loss, or a list of losses: sqr (default), wsqr, sum",
     "eps": f"finite-difference step (default {DEFAULT_EPS})",
     "stencil": f"2 or 4 points (default {DEFAULT_STENCIL})",
@@ -296,7 +297,9 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
         raise CaseError(f"{sorted(clash)} declared both as params and inputs", *at("inputs"))
 
     consumers = _names(raw.get("consumers", list(DEFAULT_CONSUMERS)), "consumers", list(CONSUMERS), at("consumers"), "consumer")
-    producers = _names(raw.get("producers", list(DEFAULT_PRODUCERS)), "producers", list(PRODUCERS), at("producers"),
+    # a case that picks its consumers has picked its layouts: producers then default to none
+    default_producers = list(DEFAULT_PRODUCERS) if "consumers" not in raw else ["none"]
+    producers = _names(raw.get("producers", default_producers), "producers", list(PRODUCERS), at("producers"),
                        "producer")
     losses = _names(raw.get("loss", "sqr"), "loss", list(LOSSES), at("loss"), "loss")
     eps = _number(raw.get("eps", DEFAULT_EPS), "eps", at("eps"))

@@ -84,7 +84,8 @@ def _view_gap(g, leaf, ne):
     return g.lib.ggml_view_4d(g.ctx, leaf, ne[0], ne[1], ne[2], ne[3], nb[1], nb[2], nb[3], nb[0])
 
 
-# The standard set a case gets when it names none: the contiguous input and three layouts of
+# The standard set a case gets when it names neither producers nor consumers (a case that names
+# its consumers has chosen its layouts, and gets producer none unless it names producers): the contiguous input and three layouts of
 # different kinds (first stride not the element size, rows apart, a gap and an offset). Where
 # one cannot lay out any of a case's params differently (a 2-D param has no rows to permute
 # apart), the default set leaves it out; a producer named in the case is an error then.
