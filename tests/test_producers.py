@@ -135,3 +135,35 @@ cases:
     bad = cases["cont_input[from_transpose-none-sqr-cpu]"]
     assert (bad["status"], bad["phase"], bad["producer"]) == ("producer-failed", "producer-check", "transpose")
     assert cases["cont_input[none-sqr-cpu]"]["status"] == "passed"
+
+
+def test_a_forward_that_rejects_the_layout_is_a_skip_that_says_so(pytester):
+    """sqr's CPU forward asserts contiguous rows: through producer transpose nothing about its
+    backward can be checked, and the item says why instead of failing on the forward's assert
+    (which would blame the op's backward for its forward's limit)."""
+    pytester.makefile(".yaml", gradgate_fwd="""\
+cases:
+  - name: sqr_input
+    params: {a: [4, 3, 2]}
+    graph: sqr(a)
+    consumers: [none]
+    producers: [none, transpose]
+""")
+    result = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "gradgate_fwd.yaml",
+                                           "-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED*producer 'transpose': the op's forward does not take its input laid out "
+                                 "so in this ggml (ggml: *GGML_ASSERT(*) failed); nothing about the backward was checked"])
+
+
+def test_the_fixture_takes_a_producer(pytester):
+    pytester.makepyfile(test_fixture_producer="""
+        def test_rms_norm_input(gradgate):
+            res = gradgate.check("rms_norm(a)", params={"a": [4, 3, 2]}, producer="permute_0213", loss="wsqr")
+            assert res.status == "passed"
+            res = gradgate.run("silu(a)", params={"a": [4, 3, 2]}, producer="permute_0213")
+            assert res.status == "failed" and "through producer 'permute_0213'" in res.diagnosis
+    """)
+    result = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "test_fixture_producer.py",
+                                           "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)

@@ -1,8 +1,8 @@
 """What a case may use: the ops of the op table with their signatures, the
-consumers and the losses, from the same tables the loader checks against, so the list is
+consumers, the producers and the losses, from the same tables the loader checks against, so the list is
 never out of date.
 
-    gradgate ops            # all three tables
+    gradgate ops            # all four tables
     gradgate ops --json     # the same, machine-readable
 """
 
