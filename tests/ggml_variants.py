@@ -92,9 +92,11 @@ _INPUT_STRIDES_CODE = """\
 
 # The "transpose-half" variant: TRANSPOSE's backward returns half the gradient, so that the
 # producer `transpose` cannot carry a gradient on its own (its self-check must say so, and the
-# op behind it must not be blamed). No built-in op's backward uses TRANSPOSE's.
+# op behind it must not be blamed), and aborts for a gradient with ne2 = 7 (a producer that
+# dies in its self-check). No built-in op's backward uses TRANSPOSE's.
 TRANSPOSE_ANCHOR = "                ggml_add_or_set(ctx, cgraph, isrc0, ggml_transpose(ctx, grad));\n"
-_TRANSPOSE_HALF_CODE = ("                ggml_add_or_set(ctx, cgraph, isrc0, ggml_transpose(ctx, ggml_scale(ctx, ggml_cont(ctx, grad), "
+_TRANSPOSE_HALF_CODE = ("                GGML_ASSERT(grad->ne[2] != 7 && \"pytest-gradgate's transpose-half variant dies at ne2 = 7\");\n"
+                        "                ggml_add_or_set(ctx, cgraph, isrc0, ggml_transpose(ctx, ggml_scale(ctx, ggml_cont(ctx, grad), "
                         "0.5f))); // pytest-gradgate's transpose-half test variant\n")
 
 VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "sub-sign", "input-strides", "transpose-half")

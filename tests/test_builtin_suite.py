@@ -5,7 +5,8 @@ fast-mode file cases_fast.yaml is left out: it has tests of its own).
 Checked here: it collects every case the loader finds and nothing invalid; every item ends
 passed, failed with a diagnosis, or skipped with a reason; every case that ran to the
 comparison has power; each op of the op table is covered through `none` and at least three
-non-contiguous consumers; and a few of ggml 0.15.3's known findings keep being found (so
+non-contiguous consumers; each op whose backward reads a forward input is also checked
+through at least one producer (a non-contiguous input); and a few of ggml 0.15.3's known findings keep being found (so
 this suite demonstrably fails on a wrong backward). The run uses an empty baseline so that
 outcomes are the raw ones, not the shipped baseline's xfails.
 """

@@ -114,7 +114,8 @@ def test_a_backward_reading_a_forward_input_with_wrong_strides_fails_through_a_p
 def test_a_producer_whose_own_backward_is_wrong_is_not_blamed_on_the_op(pytester, ggml_variant):
     """transpose-half: TRANSPOSE's backward halves the gradient. A case through producer
     `transpose` ends producer-failed (the op, cont, is not blamed: it has no TRANSPOSE of its
-    own), the same case through `none` passes, and a built-in item would be skipped."""
+    own), the same case through `none` passes; one whose TRANSPOSE backward aborts (ne2 = 7)
+    dies in the self-check, and that is the producer's failure too."""
     root, _ = ggml_variant("transpose-half")
     pytester.makefile(".yaml", gradgate_selfcheck="""\
 cases:
@@ -123,11 +124,16 @@ cases:
     graph: cont(a)
     consumers: [none]
     producers: [none, transpose]
+  - name: cont_input_dies
+    params: {a: [4, 3, 7]}
+    graph: cont(a)
+    consumers: [none]
+    producers: [transpose]
 """)
     result = pytester.runpytest_subprocess("--gradgate", f"--gradgate-ggml-src={root}", "--gradgate-no-builtin",
                                            "gradgate_selfcheck.yaml", "-p", "no:cacheprovider", "-rA",
                                            "--gradgate-json=report.json")
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(["*cont_input[[]from_transpose-none-sqr-cpu[]]*producer 'transpose' fails on its "
                                  "own in this ggml, with no op after it (its gradient is wrong: MAA*"])
     import json
@@ -135,6 +141,10 @@ cases:
     bad = cases["cont_input[from_transpose-none-sqr-cpu]"]
     assert (bad["status"], bad["phase"], bad["producer"]) == ("producer-failed", "producer-check", "transpose")
     assert cases["cont_input[none-sqr-cpu]"]["status"] == "passed"
+    # a producer that kills the process in its self-check is the producer's death too
+    dead = cases["cont_input_dies[from_transpose-none-sqr-cpu]"]
+    assert (dead["status"], dead["phase"]) == ("producer-failed", "producer-check")
+    assert "producer 'transpose' fails on its own in this ggml, with no op after it (ggml: " in dead["diagnosis"]
 
 
 def test_a_forward_that_rejects_the_layout_is_a_skip_that_says_so(pytester):
