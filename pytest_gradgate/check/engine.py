@@ -185,8 +185,8 @@ def run_case(case, lib, phase=lambda name: None):
         if laid_out:
             # before the op is blamed for anything: can the producer carry a gradient at all here?
             phase(Phase.PRODUCER_CHECK)
-            for name in laid_out:
-                why = selfcheck.check_producer(case, lib, declared[name], case.threads)
+            for ne in dict.fromkeys(declared[name] for name in laid_out):    # once per shape
+                why = selfcheck.check_producer(case, lib, ne, case.threads)
                 if why is not None:
                     result.kind = Diagnosis.PRODUCER_FAILS
                     result.diagnosis = selfcheck.producer_failure_text(case.producer, why)
