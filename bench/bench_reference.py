@@ -17,7 +17,6 @@ process tree), build times, and our whole built-in suite (cases.yaml + cases_fas
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys

@@ -12,8 +12,8 @@ finite differences; pytest_gradgate/check/equivalence.py):
                                   params={"q": [128, 12, 256], ...}, consumer="transpose")
 
 `check` and `check_equivalent` fail the test when the case does not pass; `run` and
-`run_equivalent` only return the result. All take the keys of a YAML case (inputs=, init=, loss=, eps=, max_maa=, ...), with `consumer`
-and `backend` in the singular: one call is one case. A case declared here is a user's case:
+`run_equivalent` only return the result. All take the keys of a YAML case (inputs=, init=, loss=, eps=, max_maa=, ...), with `consumer`,
+`producer` and `backend` in the singular: one call is one case. A case declared here is a user's case:
 an op without a backward in the ggml under test fails it (the built-in suite skips instead).
 
 Importing this module is cheap (the plugin imports it on every pytest run): the loader, the
@@ -69,7 +69,7 @@ class Checker:
         self._request = request
         self._count = 0
 
-    def _case(self, graph, params, name=None, consumer="none", backend=None, **fields):
+    def _case(self, graph, params, name=None, consumer="none", producer="none", backend=None, **fields):
         from pytest_gradgate.declare.loader import build_cases   # yaml and the op table: only when used
         from pytest_gradgate.gate.state import state_of
         state = state_of(self._request.config)
@@ -78,7 +78,7 @@ class Checker:
         if name is None:
             # test ids may hold spaces or brackets; case names may not
             name = re.sub(r"[^A-Za-z0-9_.\-]+", "_", node.name).strip("_") + f"-{self._count}"
-        raw = {"name": name, "params": params, "consumers": [consumer], **fields}
+        raw = {"name": name, "params": params, "consumers": [consumer], "producers": [producer], **fields}
         if graph is not None:
             raw["graph"] = graph
         if backend is not None:

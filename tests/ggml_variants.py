@@ -3,7 +3,8 @@
 Used by the tests, the benchmark and the HTML demo to put a known bug into a real ggml
 (or take one out) instead of imitating ggml in Python. Each patch inserts code we wrote
 before a one-line anchor (a `case GGML_OP_...:` label) in src/ggml.c, replaces one line
-(sub-sign, transpose-reshape), or (deaths) goes after a one-line anchor in the CPU SCALE kernel.
+(sub-sign, transpose-reshape, transpose-half), or (deaths) goes after a one-line anchor in the CPU
+SCALE kernel; the thread-boundary and input-strides variants replace a line of a CPU backward kernel.
 """
 
 from pathlib import Path
@@ -86,7 +87,26 @@ TRANSPOSE_ANCHOR = "                ggml_add_or_set(ctx, cgraph, isrc0, ggml_tra
 _TRANSPOSE_RESHAPE_CODE = ("                ggml_add_or_set(ctx, cgraph, isrc0, ggml_reshape(ctx, ggml_cont(ctx, grad), src0));"
                            " // pytest-gradgate's transpose-reshape test variant\n")
 
-VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "sub-sign", "transpose-reshape")
+# The "input-strides" variant: the CPU RMS_NORM_BACK kernel reads the forward input x as if it
+# were contiguous (row i1 of plane i2 at ((i3*ne12 + i2)*ne11 + i1)*ne10 floats from its
+# start), as a kernel written for contiguous activations does. Through a contiguous x it is
+# exact; through a permuted or gapped view of x it reads other rows (or shifted ones).
+INPUT_STRIDES_ANCHOR = "                const float * x  = (float *) ((char *) src1->data + i11*nb11 + i12*nb12 + i13*nb13);\n"
+_INPUT_STRIDES_CODE = """\
+                // pytest-gradgate's input-strides test variant: x read as if contiguous
+                const float * x  = (const float *) src1->data + ((i13*ne12 + i12)*ne11 + i11)*ne10;
+"""
+
+# The "transpose-half" variant: TRANSPOSE's backward returns half the gradient, so that the
+# producer `transpose` cannot carry a gradient on its own (its self-check must say so, and the
+# op behind it must not be blamed), and aborts for a gradient with ne2 = 7 (a producer that
+# dies in its self-check). No built-in op's backward uses TRANSPOSE's.
+_TRANSPOSE_HALF_CODE = ("                GGML_ASSERT(grad->ne[2] != 7 && \"pytest-gradgate's transpose-half variant dies at ne2 = 7\");\n"
+                        "                ggml_add_or_set(ctx, cgraph, isrc0, ggml_transpose(ctx, ggml_scale(ctx, ggml_cont(ctx, grad), "
+                        "0.5f))); // pytest-gradgate's transpose-half test variant\n")
+
+VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "sub-sign", "input-strides", "transpose-half",
+                                     "transpose-reshape")
 
 
 class PatchError(Exception):
@@ -122,6 +142,10 @@ def make_variant(ggml_root, dest, name):
         replace_once(dest / "src" / "ggml.c", TRANSPOSE_ANCHOR, _TRANSPOSE_RESHAPE_CODE)
     elif name == "deaths":
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", DEATHS_ANCHOR, DEATHS_ANCHOR + _DEATHS_CODE)
+    elif name == "transpose-half":
+        replace_once(dest / "src" / "ggml.c", TRANSPOSE_ANCHOR, _TRANSPOSE_HALF_CODE)
+    elif name == "input-strides":
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", INPUT_STRIDES_ANCHOR, _INPUT_STRIDES_CODE)
     elif name == "thread-boundary":
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", THREAD_BOUNDARY_ANCHOR, _THREAD_BOUNDARY_CODE)
     else:

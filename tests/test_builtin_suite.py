@@ -5,7 +5,8 @@ fast-mode file cases_fast.yaml is left out: it has tests of its own).
 Checked here: it collects every case the loader finds and nothing invalid; every item ends
 passed, failed with a diagnosis, or skipped with a reason; every case that ran to the
 comparison has power; each op of the op table is covered through `none` and at least three
-non-contiguous consumers; and a few of ggml 0.15.3's known findings keep being found (so
+non-contiguous consumers; each op whose backward reads a forward input is also checked
+through at least one producer (a non-contiguous input); and a few of ggml 0.15.3's known findings keep being found (so
 this suite demonstrably fails on a wrong backward). The run uses an empty baseline so that
 outcomes are the raw ones, not the shipped baseline's xfails.
 """
@@ -111,6 +112,30 @@ def test_every_op_is_checked_through_none_and_three_non_contiguous_consumers():
         assert "none" in seen and len(seen - {"none"}) >= 3, f"{name}: consumers {sorted(seen)}"
 
 
+# ops whose backward reads a forward input (ggml_compute_backward: the input itself, or the
+# other factor) must be checked with that input non-contiguous too, through >= 1 producer
+READS_FORWARD_INPUTS = ("sqr", "sqrt", "log", "sin", "cos", "abs", "sgn", "step", "relu", "silu", "exp", "expm1",
+                        "softplus", "mul", "div", "mul_mat", "rms_norm", "pool_2d", "cross_entropy_loss",
+                        "swiglu_split")
+# ...except where no producer gets past the op's own forward in ggml 0.15.3 and 0.26.0
+NO_PRODUCER = {
+    "soft_max_ext": "ggml_soft_max_ext asserts a contiguous input; its backward reads the output, always contiguous",
+}
+
+
+def test_ops_whose_backward_reads_a_forward_input_are_checked_through_producers():
+    loaded, _ = _loaded()
+    producers_of = defaultdict(set)
+    for entry in loaded:
+        for case in entry.cases:
+            for op in ops_used(parse_graph(case.graph)):
+                producers_of[op].add(case.producer)
+    for name in READS_FORWARD_INPUTS:
+        assert len(producers_of[name] - {"none"}) >= 1, f"{name}: producers {sorted(producers_of[name])}"
+    for name in NO_PRODUCER:
+        assert producers_of[name] == {"none"}, f"{name} has producers now: drop it from NO_PRODUCER"
+
+
 def test_the_run_collects_the_whole_suite(suite_reports):
     loaded, _ = _loaded()
     expected = {f"pytest_gradgate/cases.yaml::{c.name}[{c.variant}]" for entry in loaded for c in entry.cases}
@@ -131,12 +156,14 @@ def test_every_item_ends_passed_failed_with_a_diagnosis_or_skipped_with_a_reason
         else:
             assert r["outcome"] == "skipped", r["nodeid"]
             # no backward for the op, a backward op this backend cannot run (ggml 0.15.3's CPU
-            # SOFT_MAX_BACK has no max_bias), or a consumer that cannot carry a gradient in this
-            # ggml: nothing was checked, and it says why
+            # SOFT_MAX_BACK has no max_bias), or a consumer or producer that cannot carry a
+            # gradient in this ggml: nothing was checked, and it says why
             assert r["reason"].startswith(("Skipped: no backward for ", "Skipped: backend cpu does not support ",
-                                           "Skipped: consumer '")), (r["nodeid"], r["reason"])
+                                           "Skipped: consumer '", "Skipped: producer '")), (r["nodeid"], r["reason"])
             if result["status"] == "consumer-failed":
                 assert result["kind"] == "consumer-fails" and "fails on its own" in r["reason"], r["nodeid"]
+            if result["status"] == "producer-failed":
+                assert result["kind"] == "producer-fails" and "fails on its own" in r["reason"], r["nodeid"]
 
 
 def test_every_case_that_ran_has_power(suite_reports):
@@ -158,6 +185,10 @@ KNOWN_FINDINGS = {
     "sqrt[transpose-wsqr-cpu]": ("crashed", "GGML_ASSERT(nb00 == sizeof(src0_t)) failed"),
     "soft_max_ext_scale_mask[permute_1203-wsqr-cpu]": ("crashed", "GGML_ASSERT(ggml_is_contiguous(src0))"),
     "concat_dim1[permute_0213_transpose-sqr-cpu]": ("crashed", "no backward for CONCAT in this ggml"),
+    # producers: SILU_BACK reads x at row i1 * nb[1], wrong once x's rows are permuted apart
+    "silu[from_permute_0213-none-sqr-cpu]": ("failed", "a reaches the op through producer 'permute_0213'"),
+    "pool_2d_max[from_view_gap-none-sqr-cpu]": ("failed", "right values at wrong positions"),
+    "cross_entropy_loss[from_view_gap-none-sqr-cpu]": ("crashed", "GGML_ASSERT(ggml_is_contiguous(src0f))"),
 }
 
 

@@ -318,3 +318,15 @@ def test_the_builtin_file_is_valid_under_the_schema_editors_use():
     assert [e.message for e in validator.iter_errors(yaml.safe_load(BUILTIN.read_text()))] == []
     both = {"cases": [{"name": "x", "params": {"a": [2]}, "graph": "sqr(a)", "equivalent": {"p": "a", "q": "a"}}]}
     assert list(validator.iter_errors(both))       # graph and equivalent together: refused by the schema too
+
+
+def test_an_equivalence_case_refuses_producers_at_their_line(tmp_path):
+    """Its formulations are compared over the params as declared; a producer there would be a
+    layout nothing checks (no self-check, no forward check), so it is an error, not ignored."""
+    from pytest_gradgate.declare.loader import load_file
+    path = tmp_path / "eq.yaml"
+    path.write_text("cases:\n  - name: t\n    params: {a: [4, 3]}\n    producers: [transpose]\n"
+                    "    equivalent:\n      one: [transpose(a)]\n      two: [permute(a, 1, 0, 2, 3)]\n")
+    cases, errors = load_file(path)
+    assert not cases and len(errors) == 1, (cases, errors)
+    assert "producers ['transpose'] on an equivalence case" in str(errors[0]) and errors[0].line == 4, errors

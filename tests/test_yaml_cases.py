@@ -180,7 +180,8 @@ def test_ids_are_readable_and_selectable_with_k(pytester, run_gate):
         """))
     result = run_gate("--co", "-q")
     ids = [line for line in result.stdout.lines if "::" in line]
-    assert len(ids) == 8        # 4 default consumers x 2 losses
+    assert len(ids) == 14       # (4 default consumers + 3 default producers) x 2 losses
+    assert "gradgate_ids.yaml::concat_dim1[from_view_gap-none-sum-cpu]" in ids
     assert "gradgate_ids.yaml::concat_dim1[permute_0213_transpose-sqr-cpu]" in ids
     result = run_gate("--co", "-q", "-k", "permute_0213_transpose and sqr")
     assert [line for line in result.stdout.lines if "::" in line] == [

@@ -13,6 +13,7 @@ import numpy as np
 from pytest_gradgate.build import binding
 from pytest_gradgate.check import directional, metrics, power, reliability, selfcheck
 from pytest_gradgate.ops.consumers import CONSUMERS
+from pytest_gradgate.ops.producers import PRODUCERS, laid_out_params
 from pytest_gradgate.declare.expr import main_op, ops_used, parse_graph
 from pytest_gradgate.declare.graph import input_shape, walk
 from pytest_gradgate.ops.losses import LOSSES
@@ -106,15 +107,24 @@ def write_tensor(g, t, values):
 
 def build_leaves(g, case):
     """The case's params and inputs as tensors of g, their values queued for writing ->
-    (leaves, params). The values depend on the case alone (its seed, in declaration order),
-    so every graph built from one case (the formulations of an equivalence case) sees the same."""
+    (leaves the graph reads, param tensors, leaf shapes, params laid out by the producer).
+    The values depend on the case alone (its seed, in declaration order), so every graph built
+    from one case (the formulations of an equivalence case) sees the same."""
     lib = g.lib
-    leaves, params = {}, {}
-    for name, shape in case.params.items():
-        t = g.new_tensor(shape, name=name)
+    leaves, params, shapes = {}, {}, {}
+    declared = {name: ne4(shape) for name, shape in case.params.items()}
+    laid_out = laid_out_params(case.producer, declared)
+    for name, ne in declared.items():
+        # through a producer the op reads a view of the declared shape; the leaf behind it
+        # (another layout) is what gets the gradient and the finite differences
+        producer = PRODUCERS[case.producer if name in laid_out else "none"]
+        shapes[name] = producer.leaf_shape(ne)
+        t = g.new_tensor(shapes[name], name=name)
         lib.ggml_set_param(t)
-        leaves[name] = params[name] = t
-        g.values.append((t, make_values(g.rng, ne4(shape), case.init.get(name, (-1.0, 1.0)))))
+        params[name] = t
+        leaves[name] = producer.build(g, t, ne)
+        # init ranges are per element, so values drawn for the leaf's shape are as good
+        g.values.append((t, make_values(g.rng, shapes[name], case.init.get(name, (-1.0, 1.0)))))
     for name, spec in case.inputs.items():
         is_i32 = spec.get("type", "f32") == "i32"
         t = g.new_tensor(input_shape(spec), is_i32=is_i32, name=name)
@@ -123,15 +133,47 @@ def build_leaves(g, case):
             g.values.append((t, np.asarray(spec["values"], dtype=np.int32 if is_i32 else np.float32)))
         else:
             g.values.append((t, make_values(g.rng, input_shape(spec), spec.get("init", (-1.0, 1.0)))))
-    return leaves, params
+    return leaves, params, shapes, laid_out
 
 
 def graph_tensors(case, lines):
     """Tensors a context needs for one case's graph: sized by ops, not lines (one line may nest
     many: its forward, consumer, loss and backward tensors), with room for the power probe's
-    second backward over the same nodes."""
+    second backward over the same nodes, and for a producer's view of each param."""
     n_ops = max(len(lines), len(ops_used(lines)))
-    return 128 + 64 * n_ops + len(case.params) + len(case.inputs)
+    return 128 + 64 * n_ops + 2 * len(case.params) + len(case.inputs)
+
+
+def _build_forward(g, case, lines):
+    """The case's leaves and forward graph in g -> (declared shapes, params laid out by the
+    producer, param leaves, leaf shapes, the op's output)."""
+    leaves, params, shapes, laid_out = build_leaves(g, case)
+    declared = {name: ne4(shape) for name, shape in case.params.items()}
+    y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p))
+    return declared, laid_out, params, shapes, y
+
+
+def _forward_takes(case, lib, lines):
+    """Compute the case's forward alone with its params through the producer; an op whose
+    forward rejects that layout (a constructor's or kernel's contiguity assert) aborts here,
+    in Phase.PRODUCER_FORWARD, before anything about its backward is claimed."""
+    g = GraphBuilder(lib, case, n_tensors=128 + 16 * max(len(lines), len(ops_used(lines))) + 2 * len(case.params)
+                     + len(case.inputs))
+    session = None
+    try:
+        _, _, _, _, y = _build_forward(g, case, lines)
+        gf = lib.gg_graph_forward(g.ctx, LOSSES[case.loss].build(g, g.contiguous(y)), GRAPH_SIZE)
+        err = g.ffi.new("char[256]")
+        session = lib.gg_session_new(case.backend.encode(), 1, err, 256)
+        if session == g.ffi.NULL or not lib.gg_session_alloc(session, g.ctx):
+            return      # the case itself reports a backend that cannot start
+        for t, values in g.values:
+            write_tensor(g, t, values)
+        lib.gg_session_compute(session, gf)     # a status != 0 shows again in the case's own compute
+    finally:
+        if session is not None and session != g.ffi.NULL:
+            lib.gg_session_free(session)
+        lib.gg_ctx_free(g.ctx)
 
 
 def run_case(case, lib, phase=lambda name: None):
@@ -143,17 +185,30 @@ def run_case(case, lib, phase=lambda name: None):
     lines = parse_graph(case.graph)
     result.op = main_op(lines)
 
+    if laid_out_params(case.producer, {name: ne4(shape) for name, shape in case.params.items()}):
+        phase(Phase.PRODUCER_FORWARD)
+        _forward_takes(case, lib, lines)
+
     phase(Phase.BUILD_FORWARD)
     g = GraphBuilder(lib, case, n_tensors=graph_tensors(case, lines))
     session = None
     try:
-        leaves, params = build_leaves(g, case)
-        y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p))
+        declared, laid_out, params, shapes, y = _build_forward(g, case, lines)
         # an op whose output is a view (transpose, permute) would reach the loss's sqr kernel
         # non-contiguous, which ggml's CPU unary kernels reject; the cont makes the gradient
         # reach the op contiguous, which is what consumer `none` means
         z = g.contiguous(CONSUMERS[case.consumer].build(g, y))
         loss = LOSSES[case.loss].build(g, z)
+
+        if laid_out:
+            # before the op is blamed for anything: can the producer carry a gradient at all here?
+            phase(Phase.PRODUCER_CHECK)
+            for ne in dict.fromkeys(declared[name] for name in laid_out):    # once per shape
+                why = selfcheck.check_producer(case, lib, ne, case.threads)
+                if why is not None:
+                    result.kind = Diagnosis.PRODUCER_FAILS
+                    result.diagnosis = selfcheck.producer_failure_text(case.producer, why)
+                    return result.finish(Status.PRODUCER_FAILED, Phase.PRODUCER_CHECK, started=started)
 
         if case.consumer != "none":
             # before the op is blamed for anything: can the consumer carry a gradient at all here?
@@ -194,7 +249,7 @@ def run_case(case, lib, phase=lambda name: None):
         loss_scale = LOSSES[case.loss].scale(g, z, loss_value, lambda t: read_tensor(g, t))
         analytic = {}
         for name, t in params.items():
-            n = int(np.prod(ne4(case.params[name])))
+            n = int(np.prod(shapes[name]))
             analytic[name] = read_tensor(g, grads[name]) if grads[name] != g.ffi.NULL else np.zeros(n)
 
         # the forwards of the finite differences on one: the reference must not share the bug
@@ -206,7 +261,7 @@ def run_case(case, lib, phase=lambda name: None):
 
         phase(Phase.COMPARE)
         predictions = probe.predictions(session)
-        _compare(result, case, checks, predictions)
+        _compare(result, case, checks, predictions, shapes, laid_out)
         result.loss_value = loss_value
         return result.finish(result.status, Phase.DONE, started=started)
     finally:
@@ -282,7 +337,7 @@ def _check_status(st):
         raise RuntimeError(f"forward compute failed during finite differences (ggml_status {st})")
 
 
-def _compare(result, case, checks, predictions):
+def _compare(result, case, checks, predictions, shapes, laid_out=()):
     failed, unreliable, inconclusive = [], [], []
     if predictions is None:
         param_power, detail, uncaught = {name: False for name in checks}, {}, None
@@ -292,12 +347,14 @@ def _compare(result, case, checks, predictions):
     case_power = uncaught == []
     result.power_scrambles = {s: {p: float(v) for p, v in maa.items()} for s, maa in detail.items()}
     for name, c in checks.items():
-        ne = list(ne4(case.params[name]))
+        ne = list(shapes[name])
         shape_ne = ne if case.mode == "full" else [len(c["numeric"]), 1, 1, 1]
         m = metrics.compare(c["analytic"], c["numeric"], c["noise"], case.max_maa, shape_ne)
         m["power"] = param_power[name]
         m["name"] = name
         m["shape"] = ne
+        if name in laid_out:
+            m["producer"] = case.producer    # ne is the leaf's; the op read a view of the declared shape
         m.update(c.get("report", {}))   # fast mode: how the directions were taken, the located elements
         if not m["passed"] and "halved" in c:
             # before the backward is blamed: are the finite differences evidence at these elements?
@@ -321,8 +378,10 @@ def _compare(result, case, checks, predictions):
                 result.params.append(m)
                 continue
         if not m["passed"]:
+            reads = (f"its input {name} (through producer '{case.producer}')"
+                     if name in laid_out and case.consumer == "none" else "the incoming gradient")
             kind, m["diagnosis"] = c.get("diagnosis") or metrics.diagnose(c["analytic"], c["numeric"], c["noise"],
-                                                                          m, case.max_maa)
+                                                                          m, case.max_maa, reads)
             m["diagnosis_kind"] = str(kind)
             failed.append(name)
             if case.mode == "full":
@@ -367,13 +426,19 @@ def _compare(result, case, checks, predictions):
         n = np.concatenate([c["numeric"] for c in checks.values()])
         noise = np.concatenate([np.broadcast_to(c["noise"], np.shape(c["numeric"])) for c in checks.values()])
         combined = metrics.compare(a, n, noise, case.max_maa)
-        joint_kind, joint = metrics.diagnose(a, n, noise, combined, case.max_maa)
+        joint_kind, joint = metrics.diagnose(a, n, noise, combined, case.max_maa,
+                                             f"its inputs (through producer '{case.producer}')"
+                                             if laid_out and case.consumer == "none" else "the incoming gradient")
         if joint_kind is Diagnosis.WRONG_POSITIONS:
             kind, diagnosis = joint_kind, joint + " (across params " + ", ".join(checks) + ")"
     if case.consumer != "none" and kind in STRIDE_SUSPECTS:
         # the usual cause when only a non-contiguous consumer fails: the backward ignores grad's strides
         diagnosis += (f"; the gradient reaches the op through consumer '{case.consumer}' (non-contiguous): "
                       "if consumer 'none' passes, the backward reads the incoming gradient ignoring its strides")
+    if first["name"] in laid_out and kind in STRIDE_SUSPECTS:
+        # the mirror: only a non-contiguous input fails, so the backward misreads a forward input
+        diagnosis += (f"; {first['name']} reaches the op through producer '{case.producer}' (non-contiguous): if "
+                      "producer 'none' passes, the backward reads a forward input ignoring its strides")
     result.kind = kind
     result.diagnosis = f"{first['name']}: {diagnosis}"
     # the numbers only: the diagnosis is its own field, and the failure text shows both

@@ -50,7 +50,7 @@ def compute_formulation(case, lib, label, graph, phase):
     g = GraphBuilder(lib, case, n_tensors=graph_tensors(case, lines))
     session = None
     try:
-        leaves, params = build_leaves(g, case)
+        leaves, params, _, _ = build_leaves(g, case)
         y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p))
         z = g.contiguous(CONSUMERS[case.consumer].build(g, y))
         loss = LOSSES[case.loss].build(g, z)

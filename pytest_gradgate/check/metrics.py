@@ -131,8 +131,10 @@ def fraction_found(analytic, numeric, noise):
     return float((nearest <= FOUND_RTOL * np.abs(a) + slack).mean())
 
 
-def diagnose(analytic, numeric, noise, metrics, max_maa):
-    """(Diagnosis kind, a sentence a person can act on) for a comparison that failed."""
+def diagnose(analytic, numeric, noise, metrics, max_maa, reads="the incoming gradient"):
+    """(Diagnosis kind, a sentence a person can act on) for a comparison that failed. `reads`:
+    what a backward whose values land at wrong positions misreads (through a producer and a
+    contiguous consumer, the gradient arrives contiguous: it is the laid-out input)."""
     if metrics.get("nonfinite_analytic") and metrics.get("nonfinite_numeric"):
         return Diagnosis.NONFINITE_LOSS, (f"the loss itself is not finite at these inputs ({metrics['nonfinite_analytic']} analytic and "
                 f"{metrics['nonfinite_numeric']} numeric gradient values are NaN/Inf, first at "
@@ -152,14 +154,14 @@ def diagnose(analytic, numeric, noise, metrics, max_maa):
     sorted_metrics = compare(np.sort(a), np.sort(n), np.sort(noise), max_maa)
     if sorted_metrics["maa"] <= max(10 * max_maa, sorted_metrics["limit"]) and abs(cos) < 0.999:
         return Diagnosis.WRONG_POSITIONS, ("right values at wrong positions: the analytic gradient is a permutation of the numeric one "
-                f"(cosine {cos:.3f}); the backward reads the incoming gradient with the wrong strides or order")
+                f"(cosine {cos:.3f}); the backward reads {reads} with the wrong strides or order")
     found = fraction_found(a, n, noise)
     if found >= FOUND_FRACTION and abs(cos) < 0.999:
         # a slice taken with the wrong strides reads real gradient values from wrong places: some twice,
         # some never, so it is not a permutation, but every value it returns exists in the true gradient
         return Diagnosis.WRONG_POSITIONS, (f"right values at wrong positions: {found:.0%} of the analytic values occur in the numeric "
                 f"gradient, at other positions, some repeated or missing (cosine {cos:.3f}); the backward reads "
-                "the incoming gradient with the wrong strides or offsets")
+                f"{reads} with the wrong strides or offsets")
     if abs(cos) > 0.999:
         k = float(a @ n / max(n @ n, TINY))
         if abs(k + 1) < 0.01:

@@ -22,6 +22,8 @@ class Status(_Word):
     # the case's consumer cannot carry a gradient in this ggml even with no op before it
     # (check/selfcheck.py): nothing is known about the op, and the op is not blamed
     CONSUMER_FAILED = "consumer-failed"
+    # the mirror: the case's producer cannot carry a gradient to its leaf with no op after it
+    PRODUCER_FAILED = "producer-failed"
     # the comparison disagreed only where the finite differences are not evidence (a step
     # across a kink, pole or jump, check/reliability.py): the backward is not blamed
     NUMERIC_UNRELIABLE = "numeric-unreliable"
@@ -31,13 +33,18 @@ class Status(_Word):
 
 
 # statuses that make a case red (and that a baseline may record as known)
-FAILING = frozenset({Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.ERROR, Status.CONSUMER_FAILED})
+FAILING = frozenset({Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.ERROR, Status.CONSUMER_FAILED,
+                     Status.PRODUCER_FAILED})
 
 
 class Phase(_Word):
     STARTUP = "startup"             # before the case reached ggml (worker start, fork)
     LOAD_LIBRARY = "load-library"   # the worker dlopens the build
     BUILD_FORWARD = "build-forward"
+    # the op's forward alone with its params through the case's producer: an abort here is the
+    # forward rejecting that input layout (a contiguity assert), nothing about the backward
+    PRODUCER_FORWARD = "producer-forward"
+    PRODUCER_CHECK = "producer-check"   # the producer alone, from a param's leaf to the loss
     CONSUMER_CHECK = "consumer-check"   # the consumer alone, on a stand-in for the op's output
     BUILD_BACKWARD = "build-backward"
     COMPUTE = "compute"
@@ -65,6 +72,8 @@ class Diagnosis(_Word):
     DIED = "died"                         # died without a ggml message
     HUNG = "hung"
     CONSUMER_FAILS = "consumer-fails"     # the consumer's own backward aborts or is wrong
+    PRODUCER_FAILS = "producer-fails"     # the producer's own backward aborts or is wrong
+    FORWARD_REJECTS_LAYOUT = "forward-rejects-layout"   # the op's forward asserts on the producer's layout
     NUMERIC_UNRELIABLE = "numeric-unreliable"   # the finite differences are not evidence here
     INCONCLUSIVE = "inconclusive"         # fast mode: too little evidence to pass or to fail
     BROKEN_BUILD = "broken-build"         # the worker cannot load the library: no case can run

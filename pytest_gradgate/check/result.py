@@ -14,6 +14,7 @@ class Result:
     loss: str
     backend: str
     op: str = ""
+    producer: str = "none"
     status: Status = Status.ERROR
     phase: Phase = Phase.BUILD_FORWARD   # where it stopped; DONE when it got through compare
     maa: float = None
@@ -46,6 +47,7 @@ class Result:
     def for_case(cls, case):
         from pytest_gradgate.declare.expr import main_op, parse_graph
         return cls(case.id, case.name, case.consumer, case.loss, case.backend, op=main_op(parse_graph(case.graph)),
+                   producer=case.producer,
                    max_maa=case.max_maa, mode=case.mode, threads=case.threads, origin=dict(case.origin),
                    formulations=list(case.equivalent))
 

@@ -1,5 +1,5 @@
-"""The harness checks itself on the ggml under test: can the case's consumer carry a gradient
-at all, with no op of the case before it?
+"""The harness checks itself on the ggml under test: can the case's consumer (and producer)
+carry a gradient at all, with no op of the case between it and the loss?
 
 A consumer is made of ggml ops too (views, permutes, cont), and their backward can abort or
 be wrong in the ggml under test whatever op precedes them: ggml 0.15.3's VIEW backward
@@ -15,6 +15,12 @@ the consumer and the case's loss. Its backward must run, and its gradient must m
 finite differences along two directions. The loss is at most quadratic in the stand-in (the
 consumers are linear), so central differences are exact up to roundoff there: a disagreement
 is the consumer's. A child that dies in this phase (Phase.CONSUMER_CHECK) died in the consumer.
+
+A producer is the mirror (ops/producers.py): views, permutes and transposes between a param's
+leaf and the op, whose backward is ggml's too (a VIEW's backward is ACC into a zeroed leaf).
+Its check is the same with the producer in the consumer's place: the leaf, through the
+producer, made contiguous, into the case's loss (Phase.PRODUCER_CHECK). A producer that fails
+there is the producer's failure (Status.PRODUCER_FAILED), not the op's.
 """
 
 import numpy as np
@@ -22,6 +28,7 @@ import numpy as np
 from pytest_gradgate.check import metrics
 from pytest_gradgate.ops.consumers import CONSUMERS
 from pytest_gradgate.ops.losses import LOSSES
+from pytest_gradgate.ops.producers import PRODUCERS
 
 N_DIRECTIONS = 2
 SEED_OFFSET = 4242
@@ -31,6 +38,18 @@ def failure_text(consumer, why):
     """The diagnosis of a case whose consumer fails on its own."""
     return (f"consumer '{consumer}' fails on its own in this ggml, with no op before it ({why}): "
             "the op is not tested through this consumer; its result says nothing about the op")
+
+
+def producer_failure_text(producer, why):
+    """The diagnosis of a case whose producer fails on its own."""
+    return (f"producer '{producer}' fails on its own in this ggml, with no op after it ({why}): "
+            "the op is not tested through this producer; its result says nothing about the op")
+
+
+def forward_rejects_text(producer, why):
+    """The skip reason of a case whose op's forward does not take the producer's layout."""
+    return (f"producer '{producer}': the op's forward does not take its input laid out so in this ggml ({why}); "
+            "nothing about the backward was checked")
 
 
 def permutation_of(ne, nb, element_size=4):
@@ -55,24 +74,47 @@ def check(case, lib, y_layout, n_threads=1):
     """None when the consumer carries a gradient exactly, else why not (its numbers).
 
     Aborts inside ggml kill the process: the caller has set Phase.CONSUMER_CHECK before."""
+    ne, nb = y_layout
+
+    def stand_in(g):
+        permuted = permutation_of(ne, nb)
+        if permuted is not None and permuted[1] != [0, 1, 2, 3]:
+            base, axes = permuted
+            x = g.new_tensor(base, name="__consumer_check")
+            return x, base, lib.ggml_permute(g.ctx, x, *axes)
+        # contiguous, or a gapped view that no permutation gives: the sizes alone
+        base = [int(v) for v in ne]
+        x = g.new_tensor(base, name="__consumer_check")
+        return x, base, x
+
+    return _carries(case, lib, stand_in, lambda g, y: CONSUMERS[case.consumer].build(g, y), n_threads)
+
+
+def check_producer(case, lib, ne, n_threads=1):
+    """None when the case's producer carries a gradient exactly to a leaf whose view has shape
+    ne, else why not. The caller has set Phase.PRODUCER_CHECK before."""
+    producer = PRODUCERS[case.producer]
+
+    def leaf(g):
+        base = [int(v) for v in producer.leaf_shape(tuple(ne))]
+        x = g.new_tensor(base, name="__producer_check")
+        return x, base, producer.build(g, x, tuple(ne))
+
+    return _carries(case, lib, leaf, lambda g, y: y, n_threads)
+
+
+def _carries(case, lib, make_input, chain, n_threads):
+    """Run param -> (view) -> chain -> loss; None when its backward matches the finite
+    differences along N_DIRECTIONS directions, else why not."""
     from pytest_gradgate.check import directional
     from pytest_gradgate.check.engine import GRAPH_SIZE, GraphBuilder, make_values, read_tensor, write_tensor
 
-    ne, nb = y_layout
     g = GraphBuilder(lib, case, n_tensors=256)
     session = None
     try:
-        stand_in = permutation_of(ne, nb)
-        if stand_in is not None and stand_in[1] != [0, 1, 2, 3]:
-            base, axes = stand_in
-            x = g.new_tensor(base, name="__consumer_check")
-            y = lib.ggml_permute(g.ctx, x, *axes)
-        else:
-            # contiguous, or a gapped view that no permutation gives: the sizes alone
-            base = [int(v) for v in ne]
-            x = y = g.new_tensor(base, name="__consumer_check")
+        x, base, y = make_input(g)
         lib.ggml_set_param(x)
-        z = g.contiguous(CONSUMERS[case.consumer].build(g, y))
+        z = g.contiguous(chain(g, y))
         loss = LOSSES[case.loss].build(g, z)
         gf = lib.gg_graph_forward(g.ctx, loss, GRAPH_SIZE)
         gb = lib.gg_graph_backward(g.ctx, gf, GRAPH_SIZE)

@@ -1,8 +1,8 @@
 """What a case may use: the ops of the op table with their signatures, the
-consumers and the losses, from the same tables the loader checks against, so the list is
+consumers, the producers and the losses, from the same tables the loader checks against, so the list is
 never out of date.
 
-    gradgate ops            # all three tables
+    gradgate ops            # all four tables
     gradgate ops --json     # the same, machine-readable
 """
 
@@ -10,6 +10,7 @@ import json
 
 from pytest_gradgate.ops.consumers import CONSUMERS, DEFAULT_CONSUMERS
 from pytest_gradgate.ops.losses import LOSSES
+from pytest_gradgate.ops.producers import DEFAULT_PRODUCERS, PRODUCERS
 from pytest_gradgate.ops.table import OPS
 
 
@@ -26,6 +27,8 @@ def tables():
                 for s in OPS.values()],
         "consumers": [{"name": c.name, "doc": c.doc, "default": c.name in DEFAULT_CONSUMERS}
                       for c in CONSUMERS.values()],
+        "producers": [{"name": p.name, "doc": p.doc, "default": p.name in DEFAULT_PRODUCERS}
+                      for p in PRODUCERS.values()],
         "losses": [{"name": lo.name, "doc": lo.doc} for lo in LOSSES.values()],
     }
 
@@ -43,6 +46,9 @@ def format_text(data):
     lines += ["", "consumers (* = in the default set):"]
     for c in data["consumers"]:
         lines.append(f"  {'*' if c['default'] else ' '} {c['name']:24s} {c['doc']}")
+    lines += ["", "producers (* = in the default set):"]
+    for p in data["producers"]:
+        lines.append(f"  {'*' if p['default'] else ' '} {p['name']:24s} {p['doc']}")
     lines += ["", "losses:"]
     for lo in data["losses"]:
         lines.append(f"    {lo['name']:24s} {lo['doc']}")

@@ -37,6 +37,7 @@ class Case:
     inputs: dict = field(default_factory=dict)   # name -> {"type": "i32"|"f32", "values"|"shape", "init"}
     init: dict = field(default_factory=dict)     # param name -> [lo, hi] or {"abs": [lo, hi]}
     consumer: str = "none"
+    producer: str = "none"              # what every param it lays out goes through before the op
     loss: str = "sqr"
     eps: float = DEFAULT_EPS
     stencil: int = DEFAULT_STENCIL
@@ -55,11 +56,13 @@ class Case:
 
     @property
     def id(self):
-        return f"{self.name}[{self.consumer}-{self.loss}-{self.backend}]"
+        return f"{self.name}[{self.variant}]"
 
     @property
     def variant(self):
-        return f"{self.consumer}-{self.loss}-{self.backend}"
+        # a contiguous input adds nothing, so that ids from before producers existed still select
+        source = "" if self.producer == "none" else f"from_{self.producer}-"
+        return f"{source}{self.consumer}-{self.loss}-{self.backend}"
 
     def to_dict(self):
         return asdict(self)

@@ -1,7 +1,10 @@
 """YAML case files -> Cases, with every error pointing at its file and line.
 
 A file holds `cases:`, a list of mappings. Each mapping expands into one Case per
-(consumer, loss, backend). A bad case is reported with its file:line and what to do;
+(consumer, loss, backend) with a contiguous input (producer `none`), and one per (producer,
+loss, backend) through consumer `none`: one side's layout varies while the other stays
+contiguous, so a failure names one layout (without `none` among the consumers, each producer
+meets each consumer). A bad case is reported with its file:line and what to do;
 the other cases of the file still load.
 """
 
@@ -15,11 +18,13 @@ import yaml
 
 from pytest_gradgate.declare.case import DEFAULT_EPS, DEFAULT_MAX_MAA, DEFAULT_STENCIL, DEFAULT_THREADS, Case
 from pytest_gradgate.ops.consumers import CONSUMERS, DEFAULT_CONSUMERS, check_consumer
+from pytest_gradgate.ops.producers import DEFAULT_PRODUCERS, PRODUCERS, laid_out_params
 from pytest_gradgate.errors import CaseError
 from pytest_gradgate.declare import vary
 from pytest_gradgate.declare.expr import Ref, clip, nodes, parse_graph
 from pytest_gradgate.declare.graph import infer_shapes
 from pytest_gradgate.ops.losses import LOSSES
+from pytest_gradgate.ops.table import ne4
 
 CASE_KEYS = {
     "name": "the case's name (letters, digits, _ . -), unique in its file",
@@ -31,6 +36,9 @@ CASE_KEYS = {
     "equivalent": "instead of graph: two or more formulations of one computation, name -> graph; their "
                   "gradients must agree (no finite differences; see pytest_gradgate/check/equivalence.py)",
     "consumers": f"consumers to check through (default {list(DEFAULT_CONSUMERS)})",
+    "producers": f"what the params go through before the op (default {list(DEFAULT_PRODUCERS)}, or [none] "
+                 "when the case names its consumers); each one is checked through consumer none (if the case has "
+                 "it), each consumer through producer none",
     "loss": "loss, or a list of losses: sqr (default), wsqr, sum",
     "eps": f"finite-difference step (default {DEFAULT_EPS})",
     "stencil": f"2 or 4 points (default {DEFAULT_STENCIL})",
@@ -316,6 +324,16 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
         raise CaseError(f"{sorted(clash)} declared both as params and inputs", *at("inputs"))
 
     consumers = _names(raw.get("consumers", list(DEFAULT_CONSUMERS)), "consumers", list(CONSUMERS), at("consumers"), "consumer")
+    # a case that picks its consumers has picked its layouts: producers then default to none
+    # and an equivalence case compares its formulations over the params as declared: the
+    # producer self-check and forward check belong to the finite-difference engine
+    default_producers = list(DEFAULT_PRODUCERS) if "consumers" not in raw and "equivalent" not in raw else ["none"]
+    producers = _names(raw.get("producers", default_producers), "producers", list(PRODUCERS), at("producers"),
+                       "producer")
+    if "equivalent" in raw and producers != ["none"]:
+        raise CaseError(f"producers {producers} on an equivalence case: its formulations are compared over the "
+                        "params as declared; drop 'producers' (or check the op through producers in a case "
+                        "with 'graph')", *at("producers"))
     losses = _names(raw.get("loss", "sqr"), "loss", list(LOSSES), at("loss"), "loss")
     eps = _number(raw.get("eps", DEFAULT_EPS), "eps", at("eps"))
     max_maa = _number(raw.get("max_maa", DEFAULT_MAX_MAA), "max_maa", at("max_maa"))
@@ -356,11 +374,28 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
         why = check_consumer(c, out_shape)
         if why:
             raise CaseError(f"consumer '{c}' cannot read this output: {why}", *at("consumers"))
+    shapes = {p: ne4(shape) for p, shape in params.items()}
+    if "producers" in raw:
+        for pr in producers:
+            if pr != "none" and not laid_out_params(pr, shapes):
+                raise CaseError(f"producer '{pr}' lays out none of the params differently (shapes "
+                                f"{', '.join(f'{p} {list(s)}' for p, s in params.items())}): "
+                                f"{PRODUCERS[pr].doc}; drop it or change the shapes", *at("producers"))
+    else:   # the default set: only the producers that change some param's layout
+        producers = [pr for pr in producers if pr == "none" or laid_out_params(pr, shapes)]
+    layouts = []
+    for pr in producers:
+        if pr == "none":
+            layouts += [("none", c) for c in consumers]
+        elif "none" in consumers:   # one layout at a time: the gradient arrives contiguous
+            layouts.append((pr, "none"))
+        else:                       # the case asks for non-contiguous consumers only
+            layouts += [(pr, c) for c in consumers]
     cases = []
-    for c in consumers:
+    for pr, c in layouts:
         for lo in losses:
             for b in backends:
-                case = Case(**{**template.to_dict(), "consumer": c, "loss": lo, "backend": b})
+                case = Case(**{**template.to_dict(), "producer": pr, "consumer": c, "loss": lo, "backend": b})
                 cases.append(case)
     return cases
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from pytest_gradgate.errors import GradgateError
 
 SCHEMA = 2
-FAILURE_STATUSES = ("failed", "crashed", "timeout", "error", "consumer-failed")
+FAILURE_STATUSES = ("failed", "crashed", "timeout", "error", "consumer-failed", "producer-failed")
 STALE_TEXT = "fixed: remove it from the baseline"
 
 

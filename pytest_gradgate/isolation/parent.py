@@ -333,6 +333,9 @@ class Runner:
         result.stderr_tail = crash.stderr
         result.kind, explanation = explain(phase, crash.stderr)
         status = Status.CRASHED
+        if phase == Phase.PRODUCER_FORWARD:
+            explanation += (f" (the op's forward alone, its input through producer '{case.producer}': the forward "
+                            "itself dies on this layout, before any backward)")
         if phase == Phase.CONSUMER_CHECK:
             # it died in the consumer alone (check/selfcheck.py): the consumer's failure, not the op's
             from pytest_gradgate.check import selfcheck
@@ -340,6 +343,22 @@ class Runner:
             result.kind = Diagnosis.CONSUMER_FAILS
             explanation = selfcheck.failure_text(case.consumer, f"ggml: {msg}" if msg else f"it died ({crash.how})")
             status = Status.CONSUMER_FAILED
+        elif phase == Phase.PRODUCER_FORWARD and ggml_message(crash.stderr):
+            # ggml refused the layout (an assert of the op's forward) before any backward existed:
+            # not a verdict. A death without ggml's word (a signal, a corrupted heap) stays a crash
+            from pytest_gradgate.check import selfcheck
+            result.kind = Diagnosis.FORWARD_REJECTS_LAYOUT
+            text = selfcheck.forward_rejects_text(case.producer, f"ggml: {ggml_message(crash.stderr)}")
+            result.diagnosis = text
+            return result.finish(Status.SKIPPED, phase, message=text, started=started)
+        elif phase == Phase.PRODUCER_CHECK:
+            # the mirror: it died in the producer alone, between a param's leaf and the loss
+            from pytest_gradgate.check import selfcheck
+            msg = ggml_message(crash.stderr)
+            result.kind = Diagnosis.PRODUCER_FAILS
+            explanation = selfcheck.producer_failure_text(case.producer,
+                                                          f"ggml: {msg}" if msg else f"it died ({crash.how})")
+            status = Status.PRODUCER_FAILED
         ggml_msg = ggml_message(result.stderr_tail)
         # a dead worker's peak is its whole life's (isolate=worker: earlier cases' too), so the
         # cap is only named for a death that looks like a failed allocation: no message of

@@ -283,23 +283,62 @@ op("soft_max", "SOFT_MAX", ["a"], _same,
    lambda g, t, p: g.lib.ggml_soft_max_ext(g.ctx, t["a"], g.ffi.NULL, 1.0, 0.0))
 
 
+ROPE_MODES = {"normal": 0, "neox": 2, "multi": 8, "vision": 24, "imrope": 40}     # GGML_ROPE_TYPE_*
+_ROPE_TAIL = [Param("n_ctx_orig", int, 0), Param("freq_base", float, 10000.0), Param("freq_scale", float, 1.0),
+              Param("ext_factor", float, 0.0), Param("attn_factor", float, 1.0), Param("beta_fast", float, 32.0),
+              Param("beta_slow", float, 1.0)]
+
+
+def _rope_common(op_name, s, p, positions_per_token):
+    a, pos, freq = s["a"], s["pos"], s.get("freq")
+    if pos[1:] != (1, 1, 1) or pos[0] != positions_per_token * a[2]:
+        raise ShapeError(f"{op_name}: pos {list(pos)} must be a vector of {positions_per_token} position(s) per "
+                         f"token ({positions_per_token * a[2]} for a's ne2 = {a[2]} tokens)")
+    if p["n_dims"] % 2 or not 0 < p["n_dims"] <= a[0]:
+        raise ShapeError(f"{op_name}: n_dims {p['n_dims']} must be even, positive and at most a's ne0 = {a[0]}")
+    if freq is not None and (freq[1:] != (1, 1, 1) or freq[0] < p["n_dims"] // 2):
+        raise ShapeError(f"{op_name}: freq (freq_factors) {list(freq)} must be a vector of at least n_dims/2 = "
+                         f"{p['n_dims'] // 2} factors")
+    return a
+
+
 def _rope_shape(s, p):
-    a, pos = s["a"], s["pos"]
-    if pos[0] != a[2]:
-        raise ShapeError(f"rope_ext: pos {list(pos)} must hold one position per token (a's ne2 = {a[2]})")
-    if p["n_dims"] % 2 or p["n_dims"] > a[0]:
-        raise ShapeError(f"rope_ext: n_dims {p['n_dims']} must be even and at most a's ne0 = {a[0]}")
+    if p["mode"] not in (ROPE_MODES["normal"], ROPE_MODES["neox"]):
+        raise ShapeError(f"rope_ext: mode {p['mode']} must be 0 (normal) or 2 (neox); the multi, vision and "
+                         "imrope modes are rope_multi's")
+    return _rope_common("rope_ext", s, p, 1)
+
+
+def _rope_multi_shape(s, p):
+    sections, mode = tuple(p["sections"]), p["mode"]
+    if mode not in (ROPE_MODES["multi"], ROPE_MODES["vision"], ROPE_MODES["imrope"]):
+        raise ShapeError(f"rope_multi: mode {mode} must be 8 (multi), 24 (vision) or 40 (imrope)")
+    if len(sections) != 4 or min(sections) < 0 or not any(sections[:3]):
+        raise ShapeError(f"rope_multi: sections {list(sections)} must be 4 sizes >= 0, one of the first 3 positive")
+    a = _rope_common("rope_multi", s, p, 4)
+    if sum(sections) > a[0]:
+        raise ShapeError(f"rope_multi: sections {list(sections)} add up to more than a's ne0 = {a[0]}")
+    if mode == ROPE_MODES["vision"] and p["n_dims"] * 2 != a[0]:
+        raise ShapeError(f"rope_multi: vision mode rotates pairs across halves: n_dims must be ne0/2 = {a[0] // 2}")
     return a
 
 
 op("rope_ext", "ROPE", ["a", "pos"], _rope_shape,
-   lambda g, t, p: g.lib.ggml_rope_ext(g.ctx, t["a"], t["pos"], g.ffi.NULL, p["n_dims"], p["mode"], p["n_ctx_orig"],
-                                       p["freq_base"], p["freq_scale"], p["ext_factor"], p["attn_factor"],
-                                       p["beta_fast"], p["beta_slow"]),
-   [Param("n_dims", int, required=True), Param("mode", int, 0), Param("n_ctx_orig", int, 0),
-    Param("freq_base", float, 10000.0), Param("freq_scale", float, 1.0), Param("ext_factor", float, 0.0),
-    Param("attn_factor", float, 1.0), Param("beta_fast", float, 32.0), Param("beta_slow", float, 1.0)],
-   note="a is [head_dim, n_head, n_tokens]; pos is an i32 input with n_tokens positions")
+   lambda g, t, p: g.lib.ggml_rope_ext(g.ctx, t["a"], t["pos"], t.get("freq") or g.ffi.NULL, p["n_dims"], p["mode"],
+                                       p["n_ctx_orig"], p["freq_base"], p["freq_scale"], p["ext_factor"],
+                                       p["attn_factor"], p["beta_fast"], p["beta_slow"]),
+   [Param("n_dims", int, required=True), Param("mode", int, 0)] + _ROPE_TAIL, optional_tensors=("freq",),
+   note="a is [head_dim, n_head, n_tokens]; pos an i32 input with n_tokens positions; mode 0 normal, 2 neox; "
+        "freq: optional f32 freq_factors (>= n_dims/2), which get no gradient")
+op("rope_multi", "ROPE", ["a", "pos"], _rope_multi_shape,
+   lambda g, t, p: g.lib.ggml_rope_multi(g.ctx, t["a"], t["pos"], t.get("freq") or g.ffi.NULL, p["n_dims"],
+                                         g.ffi.new("int[4]", list(p["sections"])), p["mode"], p["n_ctx_orig"],
+                                         p["freq_base"], p["freq_scale"], p["ext_factor"], p["attn_factor"],
+                                         p["beta_fast"], p["beta_slow"]),
+   [Param("n_dims", int, required=True), Param("sections", tuple, required=True), Param("mode", int, 8)] + _ROPE_TAIL,
+   optional_tensors=("freq",),
+   note="mode 8 multi (M-RoPE), 24 vision (n_dims = ne0/2), 40 imrope; pos holds 4 positions per token "
+        "(4 x n_tokens, one block of n_tokens per section); its backward is rope_multi_back")
 
 
 def _conv_out(size, k, s, pad, d):

@@ -31,9 +31,9 @@ MISSING_MATPLOTLIB = ("--gradgate-html needs matplotlib, which is not installed;
                       + EXTRA_HINT + " (or pip install matplotlib)")
 
 # failures first; the order in which groups appear in the table and the sections
-STATUS_ORDER = ("failed", "crashed", "timeout", "error", "consumer-failed", "numeric-unreliable", "inconclusive",
+STATUS_ORDER = ("failed", "crashed", "timeout", "error", "consumer-failed", "producer-failed", "numeric-unreliable", "inconclusive",
                 "skipped", "passed")
-NOT_PASSED = ("failed", "crashed", "timeout", "error", "consumer-failed")
+NOT_PASSED = ("failed", "crashed", "timeout", "error", "consumer-failed", "producer-failed")
 MAX_SLICES = 8          # per parameter: beyond this, the slices with the largest error are shown
 MAX_ANNOTATED = 96      # cells per slice up to which each cell's value is printed in it
 # a broken ggml can fail hundreds of cases; pictures for the first ones keep the report quick
@@ -265,7 +265,8 @@ def _case_section(index, r, draw=True):
     origin = r.get("origin") or {}
     out = [f'<section class="case {_e(status)}" id="{_anchor(index)}">',
            f'<h3><span class="badge {_e(status)}">{_e(status)}</span> {_e(r.get("case_id"))}</h3>',
-           f'<p>op {_e(r.get("op") or "?")}, consumer {_e(r.get("consumer"))}, loss {_e(r.get("loss"))}, '
+           f'<p>op {_e(r.get("op") or "?")}, producer {_e(r.get("producer") or "none")}, '
+           f'consumer {_e(r.get("consumer"))}, loss {_e(r.get("loss"))}, '
            f'backend {_e(r.get("backend"))}, phase {_e(r.get("phase"))}'
            + (f', declared at {_e(origin.get("path"))}:{_e(origin.get("line"))}' if origin.get("path") else "")
            + "</p>"]
@@ -273,7 +274,7 @@ def _case_section(index, r, draw=True):
         out.append(f'<p class="diagnosis">diagnosis: {_e(r["diagnosis"])}</p>')
     if r.get("message") and r.get("message") != r.get("diagnosis"):
         out.append(f'<p class="message">{_e(r["message"])}</p>')
-    if status in ("crashed", "timeout", "error", "consumer-failed"):
+    if status in ("crashed", "timeout", "error", "consumer-failed", "producer-failed"):
         if r.get("signal"):
             out.append(f'<p class="signal">signal: {_e(r["signal"])}</p>')
         tail = r.get("stderr_tail") or ""

@@ -14,7 +14,8 @@ def format_number(value, spec=".3g"):
 def format_result(result):
     r = result if isinstance(result, dict) else result.to_dict()
     lines = [f"{r['case_id']}: {r['status'].upper()} (phase {r['phase']}, op {r.get('op') or '?'}, "
-             f"consumer {r['consumer']}, loss {r['loss']}, backend {r['backend']}"
+             + (f"producer {r['producer']}, " if r.get("producer", "none") != "none" else "")
+             + f"consumer {r['consumer']}, loss {r['loss']}, backend {r['backend']}"
              + (f", backward on {r['threads']} threads" if r.get("backend") == "cpu" and r.get("threads") else "") + ")"]
     origin = r.get("origin") or {}
     if origin.get("path"):
