@@ -108,6 +108,24 @@ def test_diagnosis_kinds(make, kind, expected):
     assert got_kind is kind and text.startswith(expected)
 
 
+def test_an_unrelated_large_gradient_is_not_called_right_values_at_wrong_positions():
+    """At 10^5 elements (the full-mode limit) almost every value of an unrelated gradient has a
+    numeric value within 1e-3 of it; without the chance control this was diagnosed as 'right
+    values at wrong positions' (99.9% found). At that size the found-somewhere test has no
+    evidence either way, so a misread that is not a permutation is 'values disagree' there; a
+    permutation (the sorted comparison) and a misread at a usual size still are wrong positions."""
+    rng = np.random.default_rng(5)
+    n = rng.normal(0, 1, 100_000)
+    for a, kind in ((rng.normal(0, 1, n.size), Diagnosis.DISAGREE),
+                    (n[rng.permutation(n.size)], Diagnosis.WRONG_POSITIONS)):
+        m = metrics.compare(a, n, 1e-9, LIMIT)
+        assert metrics.diagnose(a, n, 1e-9, m, LIMIT)[0] is kind
+    small = gradient(200)
+    misread = small[np.minimum(np.arange(small.size) * 3 // 2, small.size - 1)]     # a stride 1.5x too long
+    m = metrics.compare(misread, small, 1e-9, LIMIT)
+    assert metrics.diagnose(misread, small, 1e-9, m, LIMIT)[0] is Diagnosis.WRONG_POSITIONS
+
+
 def test_power_scrambled_gradient_must_fail():
     n = gradient()
     assert metrics.has_power(n, n, 1e-9, LIMIT)
