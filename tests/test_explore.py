@@ -147,3 +147,13 @@ def test_pytest_gradgate_explore_refuses_xdist(pytester):
     result = pytester.runpytest_subprocess("--gradgate-explore=5s", "-n", "2", "-p", "no:cacheprovider")
     assert result.ret == 4
     result.stderr.fnmatch_lines(["*--gradgate-explore runs its own parallel jobs: use --gradgate-explore-jobs N*"])
+
+
+@pytest.mark.parametrize("graph", ["transpose(a)", "permute(a, axes=[2, 0, 1, 3])"])
+def test_an_output_that_is_a_transposed_vector_reaches_the_loss(runner, graph):
+    """transpose(a) of a vector is [1, n] with nb0 = 4n; the engine took it for contiguous (ne0 = 1)
+    and the loss's sqr aborted on it (unary-ops.cpp: GGML_ASSERT(nb00 == sizeof(float))), a crash
+    blamed on the op. explore's 10-minute run found it; checked by hand that these cases crash
+    with the engine before the fix (check/engine.py GraphBuilder.is_contiguous)."""
+    result = runner.run(Case(name="vector", graph=graph, params={"a": [2]}))
+    assert result.status == Status.PASSED, result.message

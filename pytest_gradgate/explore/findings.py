@@ -4,8 +4,9 @@ A Result is one of:
 - a finding: a wrong gradient (failed), a ggml abort or death (crashed), a hang (timeout), or
   a consumer that cannot carry a gradient in this ggml (consumer-failed);
 - discarded: the finite differences are no evidence here (numeric-unreliable, inconclusive),
-  the forward is out of its domain (a non-finite loss: nothing to blame), or the backend does
-  not run the graph (skipped); never reported;
+  the forward is out of its domain (a non-finite loss: nothing to blame), ggml refused to build
+  the forward graph (an abort in phase build-forward: an op's own assert on its inputs, before
+  any backward exists), or the backend does not run the graph (skipped); never reported;
 - a harness error (the worker could not run the case): counted and shown, never a finding,
   since it says nothing about ggml;
 - passed.
@@ -19,7 +20,7 @@ reported once, with the smallest case seen for it.
 import json
 import re
 
-from pytest_gradgate.check.outcome import Diagnosis, Status
+from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
 
 FINDING, DISCARD, ERROR, PASSED = "finding", "discard", "error", "passed"
 _SITE = re.compile(r"([\w.-]+\.(?:c|cc|cpp|cu|h|m)):(\d+)")
@@ -49,6 +50,10 @@ def classify(result):
             return DISCARD, "nonfinite-loss"
         return FINDING, (result.op, str(result.kind or Diagnosis.DISAGREE), "")
     if status == Status.CRASHED:
+        if result.phase == Phase.BUILD_FORWARD:
+            # ggml refused the forward graph (an op's own shape or layout assert): nothing about
+            # the backward, and a hand-written case would be refused the same way
+            return DISCARD, "forward-refused"
         return FINDING, (result.op, str(result.kind), crash_site(result))
     if status == Status.TIMEOUT:
         return FINDING, (result.op, str(Diagnosis.HUNG), str(result.phase))

@@ -5,7 +5,9 @@ sequence of Hypothesis rounds. A round runs Hypothesis's @given over space.cases
 first failure whose key (findings.classify) is new, lets Hypothesis shrink it, and ends; the
 next round starts from another seed with that key (and every key seen so far) treated as a
 pass, so each round can only find something new. A crash is a Result like any other: the
-worker survives its child, and the run goes on.
+worker survives its child, and the run goes on. A wrong gradient is confirmed before it counts:
+the same case with a ten times smaller step must fail too (the 10-minute run on the clean
+ggml had one rms_norm case, eps = 0.1 on one element, that failed at h = 0.1 only).
 
 Each failure raises an exception class of its own (class, site): Hypothesis tells failures
 apart by the exception's type and place (its "interesting origin"), so shrinking one never
@@ -19,12 +21,15 @@ replayed failure that is now ignored would pass and Hypothesis would delete it.
 
 Time: new cases are drawn until the budget is spent; a shrink under way may run on for at
 most SHRINK_S seconds past the point where its failure was found (and never past the budget
-plus SHRINK_S).
+plus SHRINK_S); a failure the baseline already records gets KNOWN_SHRINK_S, since the suite
+has a case for it and the search's time is better spent on what is new.
 """
 
+import dataclasses
 import json
 import time
 
+from pytest_gradgate.check.outcome import Status
 from pytest_gradgate.errors import GradgateError
 from pytest_gradgate.explore import findings, space
 
@@ -32,6 +37,7 @@ SHRINK_S = 20.0             # the most one shrink may take
 KNOWN_SHRINK_S = 3.0        # ... of a failure the baseline already records: its case is in the suite
 CASE_TIMEOUT_S = 10.0       # a drawn case is small: past this it hangs
 MAX_EXAMPLES = 10 ** 9      # the budget ends a round, not a count
+CONFIRM_EPS_FACTOR = 10     # a wrong gradient must still be wrong with eps / 10
 
 
 class _BudgetSpent(BaseException):
@@ -68,6 +74,14 @@ class Job:
         if key not in self._types:
             self._types[key] = type(f"Finding{len(self._types)}", (_FindingFailure,), {"key": key})
         return self._types[key]
+
+    def _confirmed(self, case):
+        """A wrong gradient is reported only if it is still wrong with a step CONFIRM_EPS_FACTOR
+        times smaller: a truncation error that the reliability check let through moves with the
+        step, a wrong backward does not."""
+        result = self.runner.run(dataclasses.replace(case, eps=case.eps / CONFIRM_EPS_FACTOR))
+        self.counts["confirmations"] = self.counts.get("confirmations", 0) + 1
+        return result.status == Status.FAILED
 
     def run(self):
         from hypothesis import HealthCheck, Phase, Verbosity, given, settings
@@ -109,6 +123,10 @@ class Job:
                 self.counts["errors"] += 1
                 if len(self.errors) < 5:
                     self.errors.append({"message": detail, "case": mapping})
+                return
+            if result.status == Status.FAILED and not self._confirmed(case):
+                self.counts["discarded"] += 1
+                self.discarded["unconfirmed"] = self.discarded.get("unconfirmed", 0) + 1
                 return
             self.counts["findings"] += 1
             key = detail
