@@ -4,7 +4,8 @@ A Result is one of:
 - a finding: a wrong gradient (failed), a ggml abort or death (crashed), a hang (timeout), or
   a consumer that cannot carry a gradient in this ggml (consumer-failed);
 - discarded: the finite differences are no evidence here (numeric-unreliable, inconclusive),
-  the forward is out of its domain (a non-finite loss: nothing to blame), ggml refused to build
+  the forward is out of its domain (a non-finite loss: nothing to blame; or an infinite gradient
+  of sqrt, log or div at its singular point, reached as another op's output), ggml refused to build
   the forward graph (an abort in phase build-forward: an op's own assert on its inputs, before
   any backward exists), or the backend does not run the graph (skipped); never reported;
 - a harness error (the worker could not run the case): counted and shown, never a finding,
@@ -38,8 +39,13 @@ def crash_site(result):
     return result.signal or str(result.kind) or "died"
 
 
-def classify(result):
-    """-> (FINDING, key) | (DISCARD, why) | (ERROR, message) | (PASSED, None)."""
+# ops with a singular point (a pole, or an infinite derivative) inside the reals
+DOMAIN_OPS = frozenset({"sqrt", "log", "div"})
+
+
+def classify(result, ops=()):
+    """-> (FINDING, key) | (DISCARD, why) | (ERROR, message) | (PASSED, None). `ops`: the ops
+    of the case's graph."""
     status = result.status
     if status == Status.PASSED:
         return PASSED, None
@@ -48,6 +54,10 @@ def classify(result):
     if status == Status.FAILED:
         if result.kind == Diagnosis.NONFINITE_LOSS:
             return DISCARD, "nonfinite-loss"
+        if result.kind == Diagnosis.NONFINITE_BACKWARD and set(ops) & DOMAIN_OPS:
+            # an infinite gradient at a singular point of sqrt, log or div (0 reached as another
+            # op's output, where no init range keeps the input away): right, not a finding
+            return DISCARD, "nonfinite-at-singular-point"
         return FINDING, (result.op, str(result.kind or Diagnosis.DISAGREE), "")
     if status == Status.CRASHED:
         if result.phase == Phase.BUILD_FORWARD:
@@ -133,6 +143,11 @@ def merge(findings_lists):
                 held.found_after_s, held.seed = f.found_after_s, f.seed
             held.offer(f.mapping, f.result)
     return sorted(merged.values(), key=lambda f: f.found_after_s)
+
+
+def ops_of(mapping):
+    """The op calls of a case mapping's graph, outer before inner."""
+    return _ops(mapping)
 
 
 def _ops(mapping):

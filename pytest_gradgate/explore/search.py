@@ -111,7 +111,7 @@ class Job:
             result = self.runner.run(case)
             self.case_seconds += time.perf_counter() - began
             self.counts["cases"] += 1
-            outcome, detail = findings.classify(result)
+            outcome, detail = findings.classify(result, findings.ops_of(mapping))
             if outcome == findings.PASSED:
                 self.counts["passed"] += 1
                 return
