@@ -21,20 +21,21 @@ replayed failure that is now ignored would pass and Hypothesis would delete it.
 
 Time: new cases are drawn until the budget is spent; a shrink under way may run on for at
 most SHRINK_S seconds past the point where its failure was found (and never past the budget
-plus SHRINK_S); a failure the baseline already records gets KNOWN_SHRINK_S, since the suite
-has a case for it and the search's time is better spent on what is new.
+plus SHRINK_S); a failure the baseline already records, an op without a backward and a
+consumer that fails on its own get KNOWN_SHRINK_S: their small case is plain, and the search's
+time is better spent on what is new.
 """
 
 import dataclasses
 import json
 import time
 
-from pytest_gradgate.check.outcome import Status
+from pytest_gradgate.check.outcome import Diagnosis, Status
 from pytest_gradgate.errors import GradgateError
 from pytest_gradgate.explore import findings, space
 
 SHRINK_S = 20.0             # the most one shrink may take
-KNOWN_SHRINK_S = 3.0        # ... of a failure the baseline already records: its case is in the suite
+KNOWN_SHRINK_S = 3.0        # ... of a failure the baseline records, a missing backward, a failing consumer
 CASE_TIMEOUT_S = 10.0       # a drawn case is small: past this it hangs
 MAX_EXAMPLES = 10 ** 9      # the budget ends a round, not a count
 CONFIRM_EPS_FACTOR = 10     # a wrong gradient must still be wrong with eps / 10
@@ -142,7 +143,11 @@ class Job:
                 return          # found in an earlier round: a pass for this one
             if state.get("shrink_until") is None:
                 self.shrunk.add(key)
-                shrink_s = KNOWN_SHRINK_S if self.known.match(key, str(result.status)) else self.shrink_s
+                # a failure the baseline records, an op without a backward, a consumer that fails
+                # on its own: their smallest case is plain (the suite has it, or any shape shows
+                # it); the search's time is better spent on drawing
+                plain = key[1] in (str(Diagnosis.NO_BACKWARD), str(Diagnosis.CONSUMER_FAILS))
+                shrink_s = KNOWN_SHRINK_S if plain or self.known.match(key, str(result.status)) else self.shrink_s
                 state["shrink_until"] = min(time.monotonic() + shrink_s, deadline + shrink_s)
             # Hypothesis tells failures apart by (class, site), not by op: the shrinker may then
             # take a chain that fails in its inner op down to that op alone
