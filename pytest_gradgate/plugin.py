@@ -61,8 +61,20 @@ def pytest_configure(config):
         state.load_baseline()
     except GradgateError as exc:
         raise pytest.UsageError(f"gradgate: {exc}") from None
+    if state.explore:
+        from pytest_gradgate.gate import explore
+        explore.configure(config, state)
+        config.args, state.yaml_only = [], True     # its items come from the search (explore.collect)
+        return
     config.args, state.yaml_only = gate_args(config, config.getoption("gradgate_no_builtin"), extra)
     state.case_files = {str(Path(a.split("::", 1)[0]).resolve()) for a in config.args} | set(extra)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    state = config.stash.get(STATE, None)
+    if state is not None and state.explore:
+        from pytest_gradgate.gate import explore
+        explore.collect(session, items)
 
 
 def pytest_itemcollected(item):
@@ -211,6 +223,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                                     f"from {facts['label']}")
         terminalreporter.write_line(f"gradgate: {opts.get('build_type')} build for "
                                     f"{', '.join(opts.get('backends') or ())} ({how}): {facts['library']}")
+    if state.explore:
+        from pytest_gradgate.gate import explore
+        explore.summary(terminalreporter, state)
     failed = outputs.failed_results(state.results)     # incl. crashes, timeouts, stale baseline entries
     blind = [r for r in state.results if r["status"] == "passed" and r.get("power") is False]
     if failed:

@@ -3,8 +3,9 @@
 Used by the tests, the benchmark and the HTML demo to put a known bug into a real ggml
 (or take one out) instead of imitating ggml in Python. Each patch inserts code we wrote
 before a one-line anchor (a `case GGML_OP_...:` label) in src/ggml.c, replaces one line
-(sub-sign, transpose-reshape, transpose-half), or (deaths) goes after a one-line anchor in the CPU
-SCALE kernel; the thread-boundary and input-strides variants replace a line of a CPU backward kernel.
+(sub-sign, transpose-reshape, transpose-half, and the variants the suite does not catch), or
+(deaths) goes after a one-line anchor in the CPU SCALE kernel; the thread-boundary and
+input-strides variants replace a line of a CPU backward kernel.
 """
 
 from pathlib import Path
@@ -105,8 +106,33 @@ _TRANSPOSE_HALF_CODE = ("                GGML_ASSERT(grad->ne[2] != 7 && \"pytes
                         "                ggml_add_or_set(ctx, cgraph, isrc0, ggml_transpose(ctx, ggml_scale(ctx, ggml_cont(ctx, grad), "
                         "0.5f))); // pytest-gradgate's transpose-half test variant\n")
 
+# Bugs the built-in suite does not catch (tests/test_explore.py): each is wrong only for a
+# parameter or shape the suite never uses, so only a search finds it.
+# "scale-negative": SCALE's backward scales the gradient by |s|, which is right for s > 0 only
+# (the suite's scale case uses s = 0.7).
+SCALE_ANCHOR = "                ggml_add_or_set(ctx, cgraph, isrc0, ggml_scale_impl(ctx, grad, s, 0.0, false));\n"
+_SCALE_NEGATIVE_CODE = ("                ggml_add_or_set(ctx, cgraph, isrc0, ggml_scale_impl(ctx, grad, fabsf(s), 0.0, false));"
+                        " // pytest-gradgate's scale-negative test variant\n")
+# "rms-norm-eps": RMS_NORM's backward uses the default eps, not the forward's: right for
+# eps = 1e-6 only (the suite's rms_norm case uses 1e-6).
+RMS_NORM_ANCHOR = "                ggml_add_or_set(ctx, cgraph, isrc0, ggml_rms_norm_back(ctx, grad, src0, eps));\n"
+_RMS_NORM_EPS_CODE = ("                ggml_add_or_set(ctx, cgraph, isrc0, ggml_rms_norm_back(ctx, grad, src0, 1e-6f));"
+                      " // pytest-gradgate's rms-norm-eps test variant\n")
+# "repeat-ne3": REPEAT's backward halves the gradient when the repeat goes along ne3 (as a
+# backward that averages over batch copies instead of summing would): a shape bug, since the
+# suite's repeat case repeats along ne0 and ne2 only.
+REPEAT_ANCHOR = "                ggml_add_or_set(ctx, cgraph, isrc0, ggml_repeat_back(ctx, grad, src0));\n"
+_REPEAT_NE3_CODE = ("                ggml_add_or_set(ctx, cgraph, isrc0, ggml_scale(ctx, ggml_repeat_back(ctx, grad, src0),"
+                    " tensor->ne[3] != src0->ne[3] ? 0.5f : 1.0f)); // pytest-gradgate's repeat-ne3 test variant\n")
+UNCAUGHT_VARIANTS = {"scale-negative": (SCALE_ANCHOR, _SCALE_NEGATIVE_CODE),
+                     "rms-norm-eps": (RMS_NORM_ANCHOR, _RMS_NORM_EPS_CODE),
+                     "repeat-ne3": (REPEAT_ANCHOR, _REPEAT_NE3_CODE)}
+
+# all three in one tree: one build for the tests that show explore finds each
+UNCAUGHT = "uncaught"
+
 VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "sub-sign", "input-strides", "transpose-half",
-                                     "transpose-reshape")
+                                     "transpose-reshape") + tuple(UNCAUGHT_VARIANTS) + (UNCAUGHT,)
 
 
 class PatchError(Exception):
@@ -136,7 +162,12 @@ def make_variant(ggml_root, dest, name):
     if name not in VARIANTS:
         raise PatchError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
     dest = copy_tree(ggml_root, dest)
-    if name == "sub-sign":
+    if name in UNCAUGHT_VARIANTS:
+        replace_once(dest / "src" / "ggml.c", *UNCAUGHT_VARIANTS[name])
+    elif name == UNCAUGHT:
+        for anchor, code in UNCAUGHT_VARIANTS.values():
+            replace_once(dest / "src" / "ggml.c", anchor, code)
+    elif name == "sub-sign":
         replace_once(dest / "src" / "ggml.c", SUB_SIGN_ANCHOR, _SUB_SIGN_CODE)
     elif name == "transpose-reshape":
         replace_once(dest / "src" / "ggml.c", TRANSPOSE_ANCHOR, _TRANSPOSE_RESHAPE_CODE)

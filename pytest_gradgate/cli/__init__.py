@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "build": ("pytest_gradgate.cli.build", "build ggml + the shim for a source and print the library's path"),
     "verify": ("pytest_gradgate.cli.verify", "does a case fail with a fix reverted? (gradgate verify --revert REF|PATCH)"),
     "ops": ("pytest_gradgate.cli.ops", "list the ops, consumers and losses a case may use"),
+    "explore": ("pytest_gradgate.cli.explore", "search random cases for backward bugs and shrink each to a case"),
 }
 USAGE_EXIT = 2
 FAILURE_EXIT = 1

@@ -51,12 +51,22 @@ SETTINGS = [
     Setting("crash_cap", "stop the run after this many cases in a row whose worker could not start", 3, kind="int"),
     Setting("baseline", "baseline file of known failures (default: the shipped one for the default ggml)"),
     Setting("json", "write a JSON report of every case to this path"),
+    Setting("explore", "search random cases for this long (e.g. 60s, 10m) instead of running the suite; "
+            "each distinct failure, shrunk, is one test item"),
+    Setting("explore_seed", "seed of --gradgate-explore's search (default 0)", 0, kind="int"),
+    Setting("explore_ops", "ops --gradgate-explore draws from, comma-separated (default: all)"),
+    Setting("explore_jobs", "parallel jobs of --gradgate-explore, each with its own worker (default 1)", 1,
+            kind="int"),
+    Setting("explore_out", "write --gradgate-explore's findings as a case file plus JSON beside it"),
+    Setting("explore_database", "Hypothesis example database of --gradgate-explore: earlier failures are "
+            "replayed first (default: none)"),
     Setting("html", "write a self-contained HTML report to this path (needs pytest-gradgate[report])"),
 ]
 BY_NAME = {s.name: s for s in SETTINGS}
 # options whose value is a path: written with a space, pytest takes the value for a test path
 # when it picks its rootdir, before it knows our options (see gate/rootdir.py)
-PATH_OPTIONS = tuple(BY_NAME[n].option for n in ("ggml_src", "cases", "baseline", "json", "html"))
+PATH_OPTIONS = tuple(BY_NAME[n].option for n in ("ggml_src", "cases", "baseline", "json", "html", "explore_out",
+                                                  "explore_database"))
 
 
 def path_option_used(args):

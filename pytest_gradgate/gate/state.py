@@ -22,8 +22,10 @@ class GateState:
     def __init__(self, config):
         self.config = config
         self.case_files = set()
-        self.enabled = config.getoption("gradgate")
         self.settings = settings.effective(config)
+        # --gradgate-explore=60s is a gate run too, whose items are the search's findings
+        self.explore = bool(self.settings["explore"])
+        self.enabled = config.getoption("gradgate") or self.explore
         backend = self.settings["backend"]
         self.backends = ("cpu", "cuda") if backend == "all" else (backend,)
         self.source = None

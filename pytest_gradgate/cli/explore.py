@@ -1,0 +1,145 @@
+"""Search for backward bugs beyond the fixed suite: random cases, each failure shrunk to a case.
+
+Draws graphs of one or two ops over the op table's ops, parameters and shapes, the consumers,
+the losses and thread counts (pytest_gradgate/explore/space.py), runs each in the isolated
+worker, and shrinks every distinct failure (op, class, crash site) with Hypothesis to a small
+case, printed as YAML ready to paste into a case file. Failures the baseline records are
+marked known. Exit status 1 when there is a finding that is not known, else 0.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+from pytest_gradgate.errors import SourceError, UsageError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h)?\s*$")
+DEFAULT_DATABASE = ".hypothesis/gradgate-explore"
+
+
+def parse_duration(text, option="--budget"):
+    """'60s', '10m', '1h' or a number of seconds -> seconds."""
+    m = _DURATION.match(str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise UsageError(f"{option}: {text!r} is not a duration; write e.g. 60s, 10m or 90")
+    return float(m.group(1)) * {None: 1, "s": 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
+
+
+def add_arguments(p):
+    p.add_argument("--ggml-src", metavar="PATH",
+                   help="a ggml or llama.cpp checkout, or a pinned source (default: $GRADGATE_GGML_SRC, else the "
+                        "pinned ggml 0.15.3)")
+    p.add_argument("--budget", default="60s", help="how long to draw new cases, e.g. 60s or 10m (default 60s); "
+                                                   "a shrink under way may take up to 20 s more")
+    p.add_argument("--seed", type=int, default=0, help="seed of the search (job i uses seed + i; default 0)")
+    p.add_argument("--ops", nargs="+", metavar="OP", help="ops to search (default: every op of `gradgate ops`)")
+    p.add_argument("--consumers", nargs="+", metavar="NAME", help="consumers to draw from (default: all)")
+    p.add_argument("-n", "--jobs", type=int, default=1, metavar="N",
+                   help="parallel jobs, each with its own worker (default 1)")
+    p.add_argument("--out", metavar="FILE",
+                   help="write the findings as a case file FILE (.yaml) plus FILE's .json beside it")
+    p.add_argument("--baseline", metavar="FILE",
+                   help="known failures (default: the shipped baseline of a pinned source)")
+    p.add_argument("--database", default=DEFAULT_DATABASE, metavar="DIR",
+                   help=f"Hypothesis example database: earlier failures are replayed first (default {DEFAULT_DATABASE})")
+    p.add_argument("--no-database", action="store_true", help="neither replay nor save earlier failures")
+
+
+def _progress(text):
+    print(f"gradgate explore: {text}", file=sys.stderr, flush=True)
+
+
+def resolve(args):
+    """(source, library, baseline or None) for the arguments; usage errors for bad values."""
+    from pytest_gradgate.build.cmake import ensure_build
+    from pytest_gradgate.build.options import BuildOptions
+    from pytest_gradgate.build.source import resolve_source
+    from pytest_gradgate.gate import baseline as baseline_file
+    try:
+        source = resolve_source(args.ggml_src, option_name="--ggml-src")
+    except SourceError as exc:
+        raise UsageError(str(exc)) from None
+    path = args.baseline or (baseline_file.shipped_baseline(source.pinned) if source.pinned else None)
+    baseline = baseline_file.Baseline.load(path) if path else None
+    build = ensure_build(source.root, BuildOptions(), progress=_progress)
+    return source, build.library, baseline
+
+
+def run(args):
+    from pytest_gradgate.explore import findings as findings_mod, search, space
+    budget = parse_duration(args.budget)
+    if args.jobs < 1:
+        raise UsageError(f"-n: {args.jobs} jobs; give 1 or more")
+    try:
+        ops = space.explorable_ops(args.ops)
+    except ValueError as exc:
+        raise UsageError(f"--ops: {exc}") from None
+    from pytest_gradgate.ops.consumers import CONSUMERS
+    unknown = [c for c in args.consumers or () if c not in CONSUMERS]
+    if unknown:
+        raise UsageError(f"--consumers: unknown consumer(s) {', '.join(unknown)}; known: {', '.join(CONSUMERS)}")
+    source, library, baseline = resolve(args)
+    _progress(f"ggml {source.version} from {source.label}; {budget:g} s, seed {args.seed}, {args.jobs} job(s), "
+              f"{len(ops)} ops")
+    found, stats = search.explore(library, budget, seed=args.seed, ops=list(ops), consumers=args.consumers,
+                                  jobs=args.jobs, database=None if args.no_database else args.database,
+                                  progress=_progress, baseline=baseline)
+    findings_mod.mark_known(found, baseline)
+    print(summary_text(found, stats, args))
+    if args.out:
+        write_out(args.out, found, stats, header_text(source, stats))
+        _progress(f"wrote {args.out} and {json_path(args.out)}")
+    return 1 if any(f.known is None for f in found) else 0
+
+
+def replay_command(stats, ops_given):
+    cmd = f"gradgate explore --seed {stats['seed']} -n {stats['jobs']} --budget {stats['budget_s']:g}s"
+    return cmd + (" --ops " + " ".join(stats["ops"]) if ops_given else "")
+
+
+def header_text(source, stats):
+    return (f"Findings of gradgate explore on ggml {source.version} from {source.label}\n"
+            f"(seed {stats['seed']}, {stats['jobs']} job(s), budget {stats['budget_s']:g} s). Run them with:\n"
+            "  pytest --gradgate --gradgate-no-builtin --gradgate-cases THIS_FILE")
+
+
+def summary_text(found, stats, args=None):
+    from pytest_gradgate.explore.findings import key_text, node_name
+    import yaml
+    c = stats["counts"]
+    why = ", ".join(f"{k} {v}" for k, v in sorted(stats["discarded"].items()))
+    lines = [f"{c.get('cases', 0)} cases in {stats['search_s']:g} s: {stats['cases_per_s']:g} cases/s "
+             f"({c.get('passed', 0)} passed, {c.get('findings', 0)} failing, {c.get('discarded', 0)} discarded"
+             + (f": {why}" if why else "") + f", {c.get('errors', 0)} harness errors)"]
+    for e in stats.get("errors") or ():
+        lines.append(f"  harness error (not a finding): {e['message']}")
+    known = sum(1 for f in found if f.known)
+    lines.append(f"{len(found)} finding(s), {known} known from the baseline:")
+    replay = replay_command(stats, bool(args and args.ops))
+    for i, f in enumerate(found, 1):
+        lines.append("")
+        mark = f"  [known: {f.known['node']}]" if f.known else "  [NEW]"
+        lines.append(f"{i}. {key_text(f.key)}{mark}")
+        message = " ".join((f.result.get("message") or "").split())
+        if message:
+            lines.append(f"   {message}")
+        if f.result.get("diagnosis"):
+            lines.append(f"   diagnosis: {' '.join(f.result['diagnosis'].split())}")
+        lines.append(f"   found after {f.found_after_s:.1f} s by job seed {f.seed}; replay the search: {replay}")
+        lines.append(f"   case, item {node_name(f.mapping)} (paste under `cases:`; run it with "
+                     f"pytest --gradgate --gradgate-cases FILE -k '{f.mapping['name']}'):")
+        body = yaml.safe_dump([f.mapping], sort_keys=False, default_flow_style=None, width=110)
+        lines.extend("     " + line for line in body.splitlines())
+    return "\n".join(lines)
+
+
+def json_path(out):
+    return Path(out).with_suffix(".json")
+
+
+def write_out(out, found, stats, header):
+    import json
+    from pytest_gradgate.explore import findings as findings_mod
+    from pytest_gradgate.report.outputs import write_atomically
+    write_atomically(Path(out), findings_mod.case_file_text(found, header))
+    write_atomically(json_path(out), json.dumps(findings_mod.json_report(found, stats), indent=1) + "\n")

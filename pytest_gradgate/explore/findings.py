@@ -1,0 +1,263 @@
+"""Findings: what a drawn case's Result means for the search, and how findings are written.
+
+A Result is one of:
+- a finding: a wrong gradient (failed), a ggml abort or death (crashed), a hang (timeout), or
+  a consumer or producer that cannot carry a gradient in this ggml (consumer-failed,
+  producer-failed);
+- discarded: the finite differences are no evidence here (numeric-unreliable, inconclusive),
+  the forward is out of its domain (a non-finite loss: nothing to blame; or an infinite gradient
+  of sqrt, log or div at its singular point, reached as another op's output), ggml refused to build
+  the forward graph (an abort in phase build-forward: an op's own assert on its inputs, before
+  any backward exists), or the backend does not run the graph (skipped); never reported;
+- a harness error (the worker could not run the case): counted and shown, never a finding,
+  since it says nothing about ggml;
+- passed.
+
+A finding's key is (op, class, site): the case's main op (the outermost call; the consumer's
+or producer's name for consumer-failed and producer-failed), its diagnosis kind, and for a death the source location in ggml's
+message (ggml.c:6892), so one assert is one finding however many shapes reach it. Each key is
+reported once, with the smallest case seen for it.
+"""
+
+import json
+import re
+
+from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
+
+FINDING, DISCARD, ERROR, PASSED = "finding", "discard", "error", "passed"
+_SITE = re.compile(r"([\w.-]+\.(?:c|cc|cpp|cu|h|m)):(\d+)")
+_DISCARD_STATUSES = {Status.NUMERIC_UNRELIABLE, Status.INCONCLUSIVE, Status.SKIPPED}
+JSON_SCHEMA = 1
+
+
+def crash_site(result):
+    """Where ggml died, as file:line from its message, else how (no-backward, a signal)."""
+    if result.kind == Diagnosis.NO_BACKWARD:
+        return "no-backward"
+    m = _SITE.search(result.message or "") or _SITE.search(result.stderr_tail or "")
+    if m:
+        return f"{m.group(1)}:{m.group(2)}"
+    return result.signal or str(result.kind) or "died"
+
+
+# ops with a singular point (a pole, or an infinite derivative) inside the reals
+DOMAIN_OPS = frozenset({"sqrt", "log", "div"})
+
+
+def classify(result, ops=()):
+    """-> (FINDING, key) | (DISCARD, why) | (ERROR, message) | (PASSED, None). `ops`: the ops
+    of the case's graph."""
+    status = result.status
+    if status == Status.PASSED:
+        return PASSED, None
+    if status in _DISCARD_STATUSES:
+        return DISCARD, str(status)
+    if status == Status.FAILED:
+        if result.kind == Diagnosis.NONFINITE_LOSS:
+            return DISCARD, "nonfinite-loss"
+        if result.kind == Diagnosis.NONFINITE_BACKWARD and set(ops) & DOMAIN_OPS:
+            # an infinite gradient at a singular point of sqrt, log or div (0 reached as another
+            # op's output, where no init range keeps the input away): right, not a finding
+            return DISCARD, "nonfinite-at-singular-point"
+        return FINDING, (result.op, str(result.kind or Diagnosis.DISAGREE), "")
+    if status == Status.CRASHED:
+        if result.phase == Phase.BUILD_FORWARD:
+            # ggml refused the forward graph (an op's own shape or layout assert): nothing about
+            # the backward, and a hand-written case would be refused the same way
+            return DISCARD, "forward-refused"
+        return FINDING, (result.op, str(result.kind), crash_site(result))
+    if status == Status.TIMEOUT:
+        return FINDING, (result.op, str(Diagnosis.HUNG), str(result.phase))
+    if status in (Status.CONSUMER_FAILED, Status.PRODUCER_FAILED):
+        side, name, kind = (("consumer", result.consumer, Diagnosis.CONSUMER_FAILS) if status == Status.CONSUMER_FAILED
+                            else ("producer", result.producer, Diagnosis.PRODUCER_FAILS))
+        return FINDING, (f"{side}:{name}", str(kind), crash_site(result)
+                         if result.signal or "aborted" in (result.diagnosis or "") else "")
+    return ERROR, result.message or str(status)
+
+
+def size_of(mapping):
+    """How big a case is, for keeping the smallest one per key: ops, then elements, then text."""
+    from pytest_gradgate.declare.expr import ops_used, parse_graph
+    n_ops = len(ops_used(parse_graph(mapping["graph"])))
+    elements = 0
+    for shape in mapping["params"].values():
+        n = 1
+        for x in shape:
+            n *= x
+        elements += n
+    return (n_ops, elements, len(json.dumps(mapping, sort_keys=True)))
+
+
+def key_text(key):
+    op, kind, site = key
+    return " ".join(part for part in (op, kind, site) if part)
+
+
+class Finding:
+    """One distinct failure: its key, the smallest case seen, its Result, how it was found."""
+
+    def __init__(self, key, mapping, result, seed, found_after_s):
+        self.key = tuple(key)
+        self.mapping = mapping
+        self.result = result              # a Result's to_dict()
+        self.seed = seed                  # the explore --seed of the run that found it
+        self.found_after_s = found_after_s
+        self.known = None                 # the baseline entry that records it, see mark_known
+
+    def offer(self, mapping, result):
+        """Keep `mapping` if it is smaller than the case held so far."""
+        if size_of(mapping) < size_of(self.mapping):
+            self.mapping, self.result = mapping, result
+
+    def to_dict(self):
+        from pytest_gradgate.gate.baseline import normalise_reason
+        return {"key": list(self.key), "op": self.key[0], "class": self.key[1], "site": self.key[2],
+                "case": self.mapping, "status": self.result["status"],
+                "diagnosis": normalise_reason(self.result.get("diagnosis")),
+                "message": normalise_reason(self.result.get("message")), "seed": self.seed,
+                "found_after_s": round(self.found_after_s, 2), "known": self.known,
+                "node": node_name(self.mapping)}
+
+    @classmethod
+    def from_dict(cls, data):
+        from pytest_gradgate.check.result import Result  # noqa: F401  (the dict is a Result's)
+        f = cls(data["key"], data["case"], {"status": data["status"], "diagnosis": data["diagnosis"],
+                                            "message": data["message"]}, data["seed"], data["found_after_s"])
+        f.known = data.get("known")
+        return f
+
+
+def node_name(mapping):
+    """The item id the case gets in a case file: name[consumer-loss-cpu]."""
+    return f"{mapping['name']}[{mapping['consumers'][0]}-{mapping.get('loss', 'sqr')}-cpu]"
+
+
+def merge(findings_lists):
+    """One Finding per key over several jobs: the earliest found, with the smallest case."""
+    merged = {}
+    for findings in findings_lists:
+        for f in findings:
+            held = merged.get(f.key)
+            if held is None:
+                merged[f.key] = f
+                continue
+            if f.found_after_s < held.found_after_s:
+                held.found_after_s, held.seed = f.found_after_s, f.seed
+            held.offer(f.mapping, f.result)
+    return sorted(merged.values(), key=lambda f: f.found_after_s)
+
+
+def ops_of(mapping):
+    """The op calls of a case mapping's graph, outer before inner."""
+    return _ops(mapping)
+
+
+def _ops(mapping):
+    from pytest_gradgate.declare.expr import ops_used, parse_graph
+    return ops_used(parse_graph(mapping["graph"]))
+
+
+def without_subsumed(findings):
+    """Drop a chain's finding when a case of fewer of its own ops fails the same way (class
+    and site): sqr(div(a, b)) dying at div's assert is div's finding, reported once."""
+    kept = []
+    for f in findings:
+        mine = _ops(f.mapping)
+        if not any(g is not f and g.key[1:] == f.key[1:] and len(_ops(g.mapping)) < len(mine)
+                   and set(_ops(g.mapping)) <= set(mine) for g in findings):
+            kept.append(f)
+    return kept
+
+
+def name_findings(findings):
+    """Unique, -k-able case names from the key: explore_<ops>_<class>[_<site>], numbered
+    where two findings still share one."""
+    seen = {}
+    for f in findings:
+        op, kind, site = f.key
+        # inner op first, as the chain runs; a consumer's or producer's own failure is named after it
+        ops = op.split(":", 1)[1] if op.startswith(("consumer:", "producer:")) else \
+            "_".join(dict.fromkeys(reversed(_ops(f.mapping))))
+        base = "_".join(part for part in ("explore", ops, kind, site.replace(":", "-").replace("/", "-")) if part)
+        seen[base] = seen.get(base, 0) + 1
+        f.mapping = dict(f.mapping, name=base if seen[base] == 1 else f"{base}_{seen[base]}")
+    return findings
+
+
+# --- known failures: the baseline's entries of the same op (and, for a death, the same site) ---
+def builtin_ops():
+    """node id of every built-in case -> its main op (to match baseline entries to findings)."""
+    from pytest_gradgate.declare.expr import main_op, parse_graph
+    from pytest_gradgate.declare.loader import load_file
+    from pytest_gradgate.gate.selection import BUILTIN_FILES, builtin_nodeid
+    out = {}
+    for path in BUILTIN_FILES:
+        loaded, _ = load_file(path)
+        for entry in loaded:
+            for case in entry.cases:
+                out[f"{builtin_nodeid(path)}::{case.id}"] = (main_op(parse_graph(case.graph)), case.consumer,
+                                                             case.producer)
+    return out
+
+
+class KnownFailures:
+    """The baseline's failures, to match findings against: a death at the same site of the same
+    op, a wrong gradient of the same op, a consumer that fails on its own."""
+
+    def __init__(self, baseline):
+        from pytest_gradgate.gate.baseline import normalise_reason
+        ops = builtin_ops() if baseline is not None and len(baseline) else {}
+        self.entries = []
+        for node, entry in sorted((baseline.entries if baseline is not None else {}).items()):
+            op, consumer, producer = ops.get(node, (None, None, None))
+            self.entries.append((node, op, consumer, producer, entry["status"], normalise_reason(entry.get("reason")),
+                                 entry))
+
+    def match(self, key, status):
+        """The baseline entry that records this failure, as {node, status, reason}, or None."""
+        op, kind, site = key
+        for node, entry_op, consumer, producer, entry_status, reason, entry in self.entries:
+            if op.startswith("consumer:"):
+                same = entry_status == "consumer-failed" and consumer == op.split(":", 1)[1]
+            elif op.startswith("producer:"):
+                same = entry_status == "producer-failed" and producer == op.split(":", 1)[1]
+            elif entry_op != op:
+                same = False
+            elif status == "crashed":
+                same = entry_status == "crashed" and (site in reason if ":" in site else True)
+            else:
+                same = entry_status == status
+            if same:
+                return {"node": node, "status": entry_status, "reason": entry.get("reason")}
+        return None
+
+
+def mark_known(findings, baseline):
+    """Set each finding's `known` to the baseline entry that records the same failure, if any."""
+    known = KnownFailures(baseline)
+    for f in findings:
+        f.known = known.match(f.key, f.result["status"])
+    return findings
+
+
+# --- output: a case file and JSON ---
+def case_file_text(findings, header=""):
+    """A case file of the findings' shrunk cases (a comment above each says what it found)."""
+    import yaml
+    parts = [f"# {line}".rstrip() for line in header.splitlines()] + ["cases:"]
+    for f in findings:
+        parts.append(f"  # {describe(f)}")
+        body = yaml.safe_dump([f.mapping], sort_keys=False, default_flow_style=None, width=110)
+        parts.extend("  " + line for line in body.splitlines())
+    return "\n".join(parts) + "\n"
+
+
+def describe(f):
+    from pytest_gradgate.gate.baseline import normalise_reason
+    known = f" (known: {f.known['node']})" if f.known else ""
+    return f"{key_text(f.key)}{known}: {' '.join(normalise_reason(f.result.get('message')).split())[:160]}"
+
+
+def json_report(findings, stats):
+    return {"schema": JSON_SCHEMA, "stats": stats, "findings": [f.to_dict() for f in findings]}

@@ -1,0 +1,269 @@
+"""The search: draw cases with Hypothesis, run each in the isolated worker, shrink failures.
+
+One job is one warm Runner (a worker that forks a child per case, isolation/parent.py) and a
+sequence of Hypothesis rounds. A round runs Hypothesis's @given over space.cases() until the
+first failure whose key (findings.classify) is new, lets Hypothesis shrink it, and ends; the
+next round starts from another seed with that key (and every key seen so far) treated as a
+pass, so each round can only find something new. A crash is a Result like any other: the
+worker survives its child, and the run goes on. A wrong gradient is confirmed before it counts:
+the same case with a ten times smaller step must fail too (the 10-minute run on the clean
+ggml had one rms_norm case, eps = 0.1 on one element, that failed at h = 0.1 only).
+
+Each failure raises an exception class of its own (class, site): Hypothesis tells failures
+apart by the exception's type and place (its "interesting origin"), so shrinking one never
+slips into another kind; the op is left out of that, so that a chain whose inner op fails
+shrinks to the inner op alone (its main op, the outer one, would otherwise pin the chain). The smallest case seen per key is kept here too, so a shrink cut short by the budget
+still yields the smallest case found so far.
+
+The first round replays Hypothesis's example database first: the failures earlier runs found
+and saved run again before anything new is drawn. Later rounds skip that phase, because a
+replayed failure that is now ignored would pass and Hypothesis would delete it.
+
+Time: new cases are drawn until the budget is spent; a shrink under way may run on for at
+most SHRINK_S seconds past the point where its failure was found (and never past the budget
+plus SHRINK_S); a failure the baseline already records, an op without a backward and a
+consumer that fails on its own get KNOWN_SHRINK_S: their small case is plain, and the search's
+time is better spent on what is new.
+"""
+
+import dataclasses
+import json
+import time
+
+from pytest_gradgate.check.outcome import Diagnosis, Status
+from pytest_gradgate.errors import GradgateError
+from pytest_gradgate.explore import findings, space
+
+SHRINK_S = 20.0             # the most one shrink may take
+KNOWN_SHRINK_S = 3.0        # ... of a failure the baseline records, a missing backward, a failing consumer
+CASE_TIMEOUT_S = 10.0       # a drawn case is small: past this it hangs
+MAX_EXAMPLES = 10 ** 9      # the budget ends a round, not a count
+CONFIRM_EPS_FACTOR = 10     # a wrong gradient must still be wrong with eps / 10
+
+
+class _BudgetSpent(BaseException):
+    """Ends a round from inside the test function. A BaseException: Hypothesis would take an
+    Exception for a failure and shrink it."""
+
+
+class _FindingFailure(Exception):
+    pass
+
+
+class Job:
+    """One sequential search on one warm worker."""
+
+    def __init__(self, library, seed, budget_s, ops, consumers=None, database=None, progress=None,
+                 shrink_s=SHRINK_S, case_timeout=CASE_TIMEOUT_S, baseline=None):
+        from pytest_gradgate.isolation.parent import Runner
+        self.runner = Runner(library, isolate="case", timeout=case_timeout)
+        self.seed, self.budget_s, self.ops, self.consumers = seed, budget_s, tuple(ops), consumers
+        self.database, self.progress, self.shrink_s = database, progress, shrink_s
+        self.known = findings.KnownFailures(baseline)
+        self.findings = {}              # key -> findings.Finding
+        self.counts = {"cases": 0, "passed": 0, "findings": 0, "discarded": 0, "errors": 0, "invalid": 0}
+        self.discarded = {}             # why -> count
+        self.errors = []                # harness errors: (message, case mapping), a few
+        self._types = {}                # (class, site) -> its exception class
+        self.shrunk = set()             # keys some round shrank
+        self.case_seconds = 0.0
+
+    def close(self):
+        self.runner.close()
+
+    def _exception_for(self, key):
+        if key not in self._types:
+            self._types[key] = type(f"Finding{len(self._types)}", (_FindingFailure,), {"key": key})
+        return self._types[key]
+
+    def _confirmed(self, case):
+        """A wrong gradient is reported only if it is still wrong with a step CONFIRM_EPS_FACTOR
+        times smaller: a truncation error that the reliability check let through moves with the
+        step, a wrong backward does not."""
+        result = self.runner.run(dataclasses.replace(case, eps=case.eps / CONFIRM_EPS_FACTOR))
+        self.counts["confirmations"] = self.counts.get("confirmations", 0) + 1
+        return result.status == Status.FAILED
+
+    def run(self):
+        from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+        from hypothesis import seed as hypothesis_seed
+        from pytest_gradgate.errors import CaseError
+
+        self.runner.ggml_version()      # start the worker before the clock runs
+        start = time.monotonic()
+        deadline = start + self.budget_s
+        strategy = space.cases(self.ops, self.consumers)
+        state = {}
+
+        def probe(mapping):
+            now = time.monotonic()
+            shrink_until = state.get("shrink_until")
+            if shrink_until is None and now >= deadline:
+                raise _BudgetSpent
+            if shrink_until is not None and now >= shrink_until:
+                raise _BudgetSpent
+            try:
+                (case,) = space.to_cases(mapping)
+            except CaseError:
+                from hypothesis import reject
+                self.counts["invalid"] += 1
+                reject()
+            began = time.perf_counter()
+            result = self.runner.run(case)
+            self.case_seconds += time.perf_counter() - began
+            self.counts["cases"] += 1
+            outcome, detail = findings.classify(result, findings.ops_of(mapping))
+            if outcome == findings.PASSED:
+                self.counts["passed"] += 1
+                return
+            if outcome == findings.DISCARD:
+                self.counts["discarded"] += 1
+                self.discarded[detail] = self.discarded.get(detail, 0) + 1
+                return
+            if outcome == findings.ERROR:
+                self.counts["errors"] += 1
+                if len(self.errors) < 5:
+                    self.errors.append({"message": detail, "case": mapping})
+                return
+            if result.status == Status.FAILED and not self._confirmed(case):
+                self.counts["discarded"] += 1
+                self.discarded["unconfirmed"] = self.discarded.get("unconfirmed", 0) + 1
+                return
+            self.counts["findings"] += 1
+            key = detail
+            held = self.findings.get(key)
+            if held is None:
+                self.findings[key] = findings.Finding(key, mapping, result.to_dict(), self.seed,
+                                                      time.monotonic() - start)
+                if self.progress:
+                    self.progress(f"found {findings.key_text(key)} after {time.monotonic() - start:.1f} s")
+            else:
+                held.offer(mapping, result.to_dict())
+            if key in state["ignored"]:
+                return          # found in an earlier round: a pass for this one
+            if state.get("shrink_until") is None:
+                self.shrunk.add(key)
+                # a failure the baseline records, an op without a backward, a consumer that fails
+                # on its own: their smallest case is plain (the suite has it, or any shape shows
+                # it); the search's time is better spent on drawing
+                plain = key[1] in (str(Diagnosis.NO_BACKWARD), str(Diagnosis.CONSUMER_FAILS), str(Diagnosis.PRODUCER_FAILS))
+                shrink_s = KNOWN_SHRINK_S if plain or self.known.match(key, str(result.status)) else self.shrink_s
+                state["shrink_until"] = min(time.monotonic() + shrink_s, deadline + shrink_s)
+            # Hypothesis tells failures apart by (class, site), not by op: the shrinker may then
+            # take a chain that fails in its inner op down to that op alone
+            raise self._exception_for(key[1:])(findings.key_text(key))
+
+        round_no = 0
+        while time.monotonic() < deadline:
+            state.clear()
+            # what earlier rounds shrank, and what was seen on the way and is one op already;
+            # a chain seen on the way may still shrink, so it can be a round's target
+            state["ignored"] = self.shrunk | {k for k, f in self.findings.items() if findings.size_of(f.mapping)[0] == 1}
+            phases = [Phase.generate, Phase.shrink]
+            if round_no == 0 and self.database is not None:
+                phases.insert(0, Phase.reuse)
+            test = settings(database=self.database, deadline=None, max_examples=MAX_EXAMPLES,
+                            suppress_health_check=list(HealthCheck), phases=phases, verbosity=Verbosity.quiet,
+                            report_multiple_bugs=False, print_blob=False)(given(strategy)(probe))
+            test = hypothesis_seed(self.seed * 1000 + round_no)(test)
+            try:
+                test()
+            except _BudgetSpent:
+                pass
+            except KeyboardInterrupt:
+                raise
+            except BaseException:   # the round's failure (shrunk), or Hypothesis's Flaky about one: recorded above
+                pass
+            round_no += 1
+        self.rounds = round_no
+        return self.report(time.monotonic() - start)
+
+    def report(self, wall_s):
+        return {"seed": self.seed, "wall_s": wall_s, "case_s": self.case_seconds, "counts": dict(self.counts),
+                "discarded": dict(self.discarded), "errors": self.errors, "rounds": getattr(self, "rounds", 0),
+                "findings": [f.to_dict() for f in self.findings.values()]}
+
+
+def run_job(spec, progress=None):
+    """One job from plain data (see explore())."""
+    database = None
+    if spec.get("database"):
+        from hypothesis.database import DirectoryBasedExampleDatabase
+        database = DirectoryBasedExampleDatabase(spec["database"])
+    baseline = None
+    if spec.get("baseline"):
+        from pytest_gradgate.gate.baseline import Baseline
+        baseline = Baseline.load(spec["baseline"])
+    job = Job(spec["library"], spec["seed"], spec["budget_s"], spec["ops"], spec.get("consumers"), database,
+              progress=progress, baseline=baseline)
+    try:
+        return job.run()
+    finally:
+        job.close()
+
+
+def _job_process(spec):
+    """A job in a process of its own: spec as JSON on stdin, its report as JSON on stdout."""
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_gradgate.explore.search"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    proc.stdin.write(json.dumps(spec))
+    proc.stdin.close()
+    return proc
+
+
+def _main():
+    import sys
+    spec = json.loads(sys.stdin.read())
+    prefix = f"gradgate explore: job {spec['job']}: "
+    report = run_job(spec, progress=(lambda text: print(prefix + text, file=sys.stderr, flush=True))
+                     if spec.get("progress") else None)
+    sys.stdout.write(json.dumps(report))
+    return 0
+
+
+def explore(library, budget_s, seed=0, ops=None, consumers=None, jobs=1, database=None, progress=None,
+            baseline=None):
+    """Search with `jobs` parallel jobs (seeds seed, seed+1, ...); -> (findings, stats).
+
+    Each job runs in a process of its own, each with its own warm worker. The findings are
+    merged by key (findings.merge), and a chain's finding that one of its ops alone shows is
+    dropped (findings.without_subsumed)."""
+    ops = space.explorable_ops(ops)
+    specs = [{"library": str(library), "seed": seed + i, "budget_s": budget_s, "ops": list(ops),
+              "consumers": consumers, "database": str(database) if database else None,
+              "baseline": str(baseline.path) if baseline is not None else None} for i in range(jobs)]
+    started = time.monotonic()
+    if jobs == 1:
+        reports = [run_job(specs[0], progress)]
+    else:
+        # a process per job: Hypothesis keeps per-process state, and each job has its own worker
+        procs = [_job_process(dict(spec, job=i, progress=progress is not None)) for i, spec in enumerate(specs)]
+        reports = []
+        for i, proc in enumerate(procs):
+            out = proc.stdout.read()
+            if proc.wait() != 0 or not out:
+                raise GradgateError(f"explore job {i} (seed {specs[i]['seed']}) died with exit code "
+                                    f"{proc.returncode}; its error is above")
+            reports.append(json.loads(out))
+    wall = time.monotonic() - started
+    merged = findings.merge([[findings.Finding.from_dict(f) for f in r["findings"]] for r in reports])
+    counts = {}
+    discarded = {}
+    for r in reports:
+        for k, v in r["counts"].items():
+            counts[k] = counts.get(k, 0) + v
+        for k, v in r["discarded"].items():
+            discarded[k] = discarded.get(k, 0) + v
+    search_s = max(r["wall_s"] for r in reports)
+    stats = {"budget_s": budget_s, "seed": seed, "jobs": jobs, "ops": list(ops), "wall_s": round(wall, 2),
+             "search_s": round(search_s, 2), "counts": counts, "discarded": discarded,
+             "cases_per_s": round(counts.get("cases", 0) / search_s, 1) if search_s else 0.0,
+             "rounds": sum(r["rounds"] for r in reports),
+             "errors": [e for r in reports for e in r["errors"]][:5]}
+    return findings.name_findings(findings.without_subsumed(merged)), stats
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,0 +1,140 @@
+"""`pytest --gradgate-explore=60s`: the search as a pytest run, for a CI job with the usual reports.
+
+The search runs when the items are collected (its findings are the items): one item per
+finding, named like the shrunk case it carries (`explore_scale_wrong-sign[none-sqr-cpu]`,
+so -k, JUnit, --lf and the reports name it as the case file would), failing with the
+finding's text and YAML, or xfail when the baseline records the same failure; plus one item,
+`explore::explore[search]`, that passes with the throughput, or fails when the search could not run.
+`--collect-only` runs nothing and lists `explore[search]` alone. The built-in suite and case
+files are not collected. Under pytest-xdist each worker would run its own search: refused,
+--gradgate-explore-jobs N runs N jobs instead.
+"""
+
+import pytest
+
+from pytest_gradgate.errors import GradgateError
+from pytest_gradgate.gate.state import state_of
+
+SEARCH_ITEM = "explore[search]"
+NODE_PREFIX = "explore::"      # node ids: explore::explore[search], explore::<case id>
+
+
+def configure(config, state):
+    """Checks at configure time; the search itself runs in collect()."""
+    if (config.getoption("numprocesses", None) or 0) and not hasattr(config, "workerinput"):
+        raise pytest.UsageError("--gradgate-explore runs its own parallel jobs: use --gradgate-explore-jobs N "
+                                "instead of -n")
+    from pytest_gradgate.cli.explore import parse_duration
+    from pytest_gradgate.errors import UsageError
+    from pytest_gradgate.explore import space
+    try:
+        state.explore_budget = parse_duration(state.settings["explore"], "--gradgate-explore")
+        state.explore_ops = space.explorable_ops(_ops(state.settings["explore_ops"]))
+    except (UsageError, ValueError) as exc:
+        raise pytest.UsageError(f"gradgate: {exc}") from None
+    if state.settings["explore_jobs"] < 1:
+        raise pytest.UsageError("--gradgate-explore-jobs: give 1 or more")
+    state.explore_stats = None
+    state.explore_findings = []
+
+
+def _ops(text):
+    return [op for op in (text or "").replace(",", " ").split() if op]
+
+
+def collect(session, items):
+    """Run the search and append its items (pytest_collection_modifyitems)."""
+    state = state_of(session.config)
+    search = ExploreSearchItem.from_parent(session, name=SEARCH_ITEM, nodeid=NODE_PREFIX + SEARCH_ITEM)
+    if session.config.option.collectonly:
+        items.append(search)
+        return
+    try:
+        found, stats = _search(session.config, state)
+    except GradgateError as exc:
+        search.error = str(exc)
+        items.append(search)
+        return
+    state.explore_stats, state.explore_findings = stats, found
+    items.append(search)
+    for f in found:
+        from pytest_gradgate.explore.findings import node_name
+        name = node_name(f.mapping)
+        items.append(ExploreFindingItem.from_parent(session, name=name, nodeid=NODE_PREFIX + name, finding=f))
+
+
+def _search(config, state):
+    from pytest_gradgate.explore import findings as findings_mod, search
+    settings = state.settings
+    build = state.ensure_build()
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+
+    def progress(text):
+        if tr is not None:
+            tr.write_line(f"gradgate explore: {text}")
+    progress(f"searching for {state.explore_budget:g} s (seed {settings['explore_seed']}, "
+             f"{settings['explore_jobs']} job(s), {len(state.explore_ops)} ops) on ggml from {state.source.label}")
+    found, stats = search.explore(build.library, state.explore_budget, seed=settings["explore_seed"],
+                                  ops=list(state.explore_ops), jobs=settings["explore_jobs"],
+                                  database=settings["explore_database"] or None, progress=progress,
+                                  baseline=state.baseline)
+    findings_mod.mark_known(found, state.baseline)
+    if settings["explore_out"]:
+        from pathlib import Path
+        from pytest_gradgate.cli.explore import header_text, write_out
+        write_out(Path(config.invocation_params.dir) / settings["explore_out"], found, stats,
+                  header_text(state.source, stats))
+    return found, stats
+
+
+class ExploreSearchItem(pytest.Item):
+    error = None
+
+    def runtest(self):
+        if self.error:
+            pytest.fail(f"gradgate explore: the search could not run: {self.error}", pytrace=False)
+
+    def reportinfo(self):
+        return "explore", None, SEARCH_ITEM
+
+
+class ExploreFindingItem(pytest.Item):
+    def __init__(self, *, finding, **kwargs):
+        super().__init__(**kwargs)
+        self.finding = finding
+        self.add_marker("gradgate")
+
+    def runtest(self):
+        f = self.finding
+        if f.known:
+            pytest.xfail(f"known failure (baseline {f.known['node']}): {f.known['status']}: {f.known.get('reason')}")
+        pytest.fail(finding_text(f), pytrace=False)
+
+    def reportinfo(self):
+        return "explore", None, self.name
+
+
+def finding_text(f):
+    import yaml
+    from pytest_gradgate.explore.findings import describe
+    body = yaml.safe_dump([f.mapping], sort_keys=False, default_flow_style=None, width=110)
+    d = f.to_dict()
+    lines = [describe(f)]
+    if d["diagnosis"]:
+        lines.append(f"diagnosis: {' '.join(d['diagnosis'].split())}")
+    lines.append(f"found after {f.found_after_s:.1f} s by the job with seed {f.seed}")
+    lines.append("shrunk case (paste under `cases:` of a case file):")
+    lines.extend("  " + line for line in body.splitlines())
+    return "\n".join(lines)
+
+
+def summary(terminalreporter, state):
+    stats = getattr(state, "explore_stats", None)
+    if not stats:
+        return
+    from pytest_gradgate.cli.explore import summary_text
+    terminalreporter.write_sep("-", "gradgate explore")
+    first = summary_text([], stats).splitlines()[0]
+    terminalreporter.write_line(f"gradgate explore: {first}")
+    new = [f for f in state.explore_findings if not f.known]
+    terminalreporter.write_line(f"gradgate explore: {len(state.explore_findings)} finding(s), {len(new)} new")
