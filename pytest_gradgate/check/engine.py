@@ -104,56 +104,78 @@ def write_tensor(g, t, values):
     g.lib.gg_tensor_write(t, g.ffi.from_buffer(data), 0, data.nbytes)
 
 
+def graph_tensors(case, lines):
+    """Room in the context: sized by ops, not lines: one line may nest many (its forward,
+    consumer, loss and backward tensors), with room for the power probe's second backward."""
+    n_ops = max(len(lines), len(ops_used(lines)))
+    return 128 + 64 * n_ops + len(case.params) + len(case.inputs)
+
+
+def build_forward(g, case, lines):
+    """The case's forward graph up to its loss: ({param: tensor}, y the op's output, z what the
+    loss reads, loss). Values to write after allocation go to g.values."""
+    lib = g.lib
+    leaves, params = {}, {}
+    for name, shape in case.params.items():
+        t = g.new_tensor(shape, name=name)
+        lib.ggml_set_param(t)
+        leaves[name] = params[name] = t
+        g.values.append((t, make_values(g.rng, ne4(shape), case.init.get(name, (-1.0, 1.0)))))
+    for name, spec in case.inputs.items():
+        is_i32 = spec.get("type", "f32") == "i32"
+        t = g.new_tensor(input_shape(spec), is_i32=is_i32, name=name)
+        leaves[name] = t
+        if "values" in spec:
+            g.values.append((t, np.asarray(spec["values"], dtype=np.int32 if is_i32 else np.float32)))
+        else:
+            g.values.append((t, make_values(g.rng, input_shape(spec), spec.get("init", (-1.0, 1.0)))))
+    y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p))
+    # an op whose output is a view (transpose, permute) would reach the loss's sqr kernel
+    # non-contiguous, which ggml's CPU unary kernels reject; the cont makes the gradient
+    # reach the op contiguous, which is what consumer `none` means
+    z = g.contiguous(CONSUMERS[case.consumer].build(g, y))
+    return params, y, z, LOSSES[case.loss].build(g, z)
+
+
 def run_case(case, lib, phase=lambda name: None):
     started = time.perf_counter()
     result = Result.for_case(case)
     lines = parse_graph(case.graph)
     result.op = main_op(lines)
 
-    phase(Phase.BUILD_FORWARD)
-    # sized by ops, not lines: one line may nest many (its forward, consumer, loss and backward
-    # tensors), with room for the power probe's second backward over the same nodes
-    n_ops = max(len(lines), len(ops_used(lines)))
-    g = GraphBuilder(lib, case, n_tensors=128 + 64 * n_ops + len(case.params) + len(case.inputs))
+    timings = result.timings
+    clock = {"phase": None, "since": started}
+
+    def enter(name):
+        """phase() for the parent, and this phase's seconds for result.timings (bench/ reads them)."""
+        now = time.perf_counter()
+        if clock["phase"] is not None:
+            timings[str(clock["phase"])] = timings.get(str(clock["phase"]), 0.0) + now - clock["since"]
+        clock["phase"], clock["since"] = name, now
+        if name is not None:
+            phase(name)
+
+    enter(Phase.BUILD_FORWARD)
+    g = GraphBuilder(lib, case, n_tensors=graph_tensors(case, lines))
     session = None
     try:
-        leaves, params = {}, {}
-        for name, shape in case.params.items():
-            t = g.new_tensor(shape, name=name)
-            lib.ggml_set_param(t)
-            leaves[name] = params[name] = t
-            g.values.append((t, make_values(g.rng, ne4(shape), case.init.get(name, (-1.0, 1.0)))))
-        for name, spec in case.inputs.items():
-            is_i32 = spec.get("type", "f32") == "i32"
-            t = g.new_tensor(input_shape(spec), is_i32=is_i32, name=name)
-            leaves[name] = t
-            if "values" in spec:
-                g.values.append((t, np.asarray(spec["values"], dtype=np.int32 if is_i32 else np.float32)))
-            else:
-                g.values.append((t, make_values(g.rng, input_shape(spec), spec.get("init", (-1.0, 1.0)))))
-        y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p))
-        # an op whose output is a view (transpose, permute) would reach the loss's sqr kernel
-        # non-contiguous, which ggml's CPU unary kernels reject; the cont makes the gradient
-        # reach the op contiguous, which is what consumer `none` means
-        z = g.contiguous(CONSUMERS[case.consumer].build(g, y))
-        loss = LOSSES[case.loss].build(g, z)
-
+        params, y, z, loss = build_forward(g, case, lines)
         if case.consumer != "none":
             # before the op is blamed for anything: can the consumer carry a gradient at all here?
-            phase(Phase.CONSUMER_CHECK)
+            enter(Phase.CONSUMER_CHECK)
             why = selfcheck.check(case, lib, g.layout(y), case.threads)
             if why is not None:
                 result.kind = Diagnosis.CONSUMER_FAILS
                 result.diagnosis = selfcheck.failure_text(case.consumer, why)
                 return result.finish(Status.CONSUMER_FAILED, Phase.CONSUMER_CHECK, started=started)
 
-        phase(Phase.BUILD_BACKWARD)
+        enter(Phase.BUILD_BACKWARD)
         gf = lib.gg_graph_forward(g.ctx, loss, GRAPH_SIZE)
         gb = lib.gg_graph_backward(g.ctx, gf, GRAPH_SIZE)
         grads = {name: lib.ggml_graph_get_grad(gb, t) for name, t in params.items()}
         probe = _PowerProbe(g, y, gb, params)
 
-        phase(Phase.COMPUTE)
+        enter(Phase.COMPUTE)
         err = g.ffi.new("char[256]")
         # the backward on case.threads threads: a row lost or doubled at a thread boundary shows
         session = lib.gg_session_new(case.backend.encode(), case.threads, err, 256)
@@ -182,17 +204,19 @@ def run_case(case, lib, phase=lambda name: None):
 
         # the forwards of the finite differences on one: the reference must not share the bug
         lib.gg_session_set_n_threads(session, 1)
-        phase(Phase.NUMERIC)
+        enter(Phase.NUMERIC)
         checks = {}
         for name, t in params.items():
             checks[name] = _numeric(g, session, gf, t, loss, case, analytic[name], loss_scale)
+            result.evaluations += checks[name].get("evaluations", 0)
 
-        phase(Phase.COMPARE)
+        enter(Phase.COMPARE)
         predictions = probe.predictions(session)
         _compare(result, case, checks, predictions)
         result.loss_value = loss_value
         return result.finish(result.status, Phase.DONE, started=started)
     finally:
+        enter(None)
         if session is not None and session != g.ffi.NULL:
             lib.gg_session_free(session)
         lib.gg_ctx_free(g.ctx)
@@ -257,7 +281,7 @@ def _numeric(g, session, gf, t, loss, case, analytic, loss_scale):
         return other
     roundoff = metrics.numeric_noise(loss_scale, h / 2, np.zeros(1), np.zeros(1) if precise else None)[0]
     return {"analytic": analytic, "numeric": numeric, "noise": noise, "halved": halved, "roundoff": roundoff,
-            "gap": np.abs(numeric - g_h), "values": read_tensor(g, t)}
+            "gap": np.abs(numeric - g_h), "values": read_tensor(g, t), "evaluations": n * (4 if precise else 2)}
 
 
 def _check_status(st):
