@@ -36,6 +36,12 @@ def test_speed_ratios_take_start_ups_out_per_op_and_name_the_worst_op():
     assert f["worst_op"] == "B" and f["worst"] == pytest.approx((1 / 0.2) / (1 / 0.1))
     assert f["geomean"] == pytest.approx(((10 / 0.25) / (10 / 0.5) * 0.5) ** 0.5)
     assert f["tbo_ms"] == pytest.approx(0.6 / 11 * 1e3)
+    assert f["unresolved"] == 0
+    # an op all start-up (its wall within noise of it) is left out per op, and costs them nothing overall
+    rows["C"] = [{"tbo_n": 2, "tbo_s": 0.5, "ours_n": 2, "ours_s": 0.1}]
+    f = bench_reference.speed_ratios(rows, {"A": 0.5, "B": 0.5, "C": 0.5}, {"A": [0.25], "B": [0.25], "C": [0.1]})
+    assert f["unresolved"] == 1 and f["worst_op"] == "B"
+    assert f["without"] == pytest.approx((13 / 0.55) / (13 / 0.6))
 
 
 def test_bare_compute_time_grows_with_the_graph_and_the_engine_counts_its_evaluations(lib, default_build):
