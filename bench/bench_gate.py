@@ -9,7 +9,12 @@
 2. `pytest --gradgate -n 2` against the Runner alone on the same cases with 2 workers
    (worker start-up and the first case included on both sides). Goal: at most 1.3x.
 Medians of --repeat runs. Both pytest figures include the interpreter's start, collection
-of the YAML files and every report; that is what a user waits for.
+of the YAML files and every report; that is what a user waits for. So that a reader can tell
+the gate's own cost from pytest's, the same pytest (same plugins, same environment) is also
+timed on an empty folder, in one process and with -n 2: a floor that neither the gate nor
+the engine can lower (on a machine with PYTHONDONTWRITEBYTECODE=1, it includes pytest
+compiling and rewriting every plugin's modules, e.g. all of hypothesis when its plugin is
+installed, in each process).
 """
 
 import argparse
@@ -40,6 +45,15 @@ def pytest_run(folder, extra):
     return wall, sum(c.get("duration") or 0.0 for c in cases), len(cases), proc.returncode
 
 
+def pytest_floor(extra):
+    """Wall seconds of the same pytest on an empty folder: start, plugins, no test."""
+    with tempfile.TemporaryDirectory(prefix="gradgate-bench-floor-") as folder:
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra], cwd=folder,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - started
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="bench/bench_gate.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--ggml-src", metavar="DIR", help="ggml tree (default: the pinned default)")
@@ -52,6 +66,8 @@ def main(argv=None):
         pytest_run(folder, extra + ["-k", "dup and none"])   # warm caches
         one = [pytest_run(folder, extra) for _ in range(args.repeat)]
         two = [pytest_run(folder, extra + ["-n", "2"]) for _ in range(args.repeat)]
+    floor1 = statistics.median(pytest_floor([]) for _ in range(args.repeat))
+    floor2 = statistics.median(pytest_floor(["-n", "2"]) for _ in range(args.repeat))
     cases = bench_reference.suite_cases()
     runner = [bench_reference.run_ours(cases, library, 2)[0] for _ in range(args.repeat)]
     wall1 = statistics.median(r[0] for r in one)
@@ -63,6 +79,10 @@ def main(argv=None):
           f"{wall1 / durations:.2f}x (goal: at most 1.3x); exit {one[0][3]}")
     print(f"pytest --gradgate -n 2: {wall2:.1f} s wall; the Runner alone, 2 workers, same cases: {alone:.1f} s: "
           f"{wall2 / alone:.2f}x (goal: at most 1.3x)")
+    print(f"pytest's floor here (same pytest and plugins, empty folder): {floor1:.1f} s in one process, {floor2:.1f} s "
+          f"with -n 2; beyond it: one process {wall1 - floor1:.1f} s against {durations:.1f} s of cases "
+          f"({(wall1 - floor1) / durations:.2f}x), -n 2 {wall2 - floor2:.1f} s against the Runner's {alone:.1f} s "
+          f"({(wall2 - floor2) / alone:.2f}x)")
     return 0
 
 

@@ -22,3 +22,55 @@ def test_bench_script_starts(script):
 def test_reference_module_imports():
     proc = subprocess.run([sys.executable, "-c", "import reference"], cwd=BENCH, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_speed_ratios_take_start_ups_out_per_op_and_name_the_worst_op():
+    import bench_reference
+    # op A: theirs 1.0 s with a 0.5 s start-up for 10 cases, ours 0.25 s (+0.25 s start-up);
+    # op B: theirs 0.6 s with 0.5 s start-up for 1 case, ours 0.2 s
+    rows = {"A": [{"tbo_n": 10, "tbo_s": 1.0, "ours_n": 10, "ours_s": 0.25}],
+            "B": [{"tbo_n": 1, "tbo_s": 0.6, "ours_n": 1, "ours_s": 0.2}]}
+    f = bench_reference.speed_ratios(rows, {"A": 0.5, "B": 0.5}, {"A": [0.25], "B": [0.25]})
+    assert f["without"] == pytest.approx((11 / 0.45) / (11 / 0.6))       # 0.6 s of their work, not 1.6 s
+    assert f["with"] == pytest.approx((11 / 0.95) / (11 / 1.6))
+    assert f["worst_op"] == "B" and f["worst"] == pytest.approx((1 / 0.2) / (1 / 0.1))
+    assert f["geomean"] == pytest.approx(((10 / 0.25) / (10 / 0.5) * 0.5) ** 0.5)
+    assert f["tbo_ms"] == pytest.approx(0.6 / 11 * 1e3)
+    assert f["unresolved"] == 0
+    # an op all start-up (its wall within noise of it) is left out per op, and costs them nothing overall
+    rows["C"] = [{"tbo_n": 2, "tbo_s": 0.5, "ours_n": 2, "ours_s": 0.1}]
+    f = bench_reference.speed_ratios(rows, {"A": 0.5, "B": 0.5, "C": 0.5}, {"A": [0.25], "B": [0.25], "C": [0.1]})
+    assert f["unresolved"] == 1 and f["worst_op"] == "B"
+    assert f["without"] == pytest.approx((13 / 0.55) / (13 / 0.6))
+
+
+def test_bare_compute_time_grows_with_the_graph_and_the_engine_counts_its_evaluations(lib, default_build):
+    """gg_bare_compute_seconds really computes the graph (a 64x64 mul_mat costs more than a
+    4-element sqr), and the engine's evaluations are the stencil's points per element."""
+    import bench_reference
+    from pytest_gradgate.check.engine import run_case
+    from pytest_gradgate.declare.case import Case
+    small = Case(name="small", graph="sqr(a)", params={"a": [4]})
+    big = Case(name="big", graph="mul_mat(a, b)", params={"a": [256, 64], "b": [256, 64]})
+    t_small = min(bench_reference.bare_forward_seconds(small, lib, budget_s=0.005) for _ in range(3))
+    t_big = min(bench_reference.bare_forward_seconds(big, lib, budget_s=0.005) for _ in range(3))
+    assert 0 < t_small < t_big
+    result = run_case(small, lib)
+    assert result.status == "passed"
+    assert result.evaluations == 4 * 4 and result.timings["numeric"] > 0
+    numeric_s, engine_s, bare_s, counted = bench_reference.per_evaluation(
+        [small], [{"duration": result.duration, "numeric_s": result.timings["numeric"],
+                   "evaluations": result.evaluations, "status": str(result.status)}], default_build.library)
+    assert counted == 1 and 0 < bare_s and numeric_s <= engine_s
+
+
+def test_bench_reference_prints_both_ratios_and_the_per_evaluation_figure(default_build):
+    """One op, one repetition: the figures' lines are there (their values are the bench's business)."""
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_reference.py"), "--ops", "SQR", "--max-cases", "2",
+                           "--repeat", "1", "--jobs", "1", "--no-suite", "--no-fast"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = proc.stdout
+    for line in ("with both start-ups:", "without start-ups:", "HEADLINE per case:", "bare ggml_graph_compute",
+                 "HEADLINE per evaluation:"):
+        assert line in out, out

@@ -13,7 +13,7 @@ import cffi
 from pytest_gradgate.build.cmake import native_dir
 from pytest_gradgate.errors import GradgateError
 
-EXPECTED_ABI = 2
+EXPECTED_ABI = 3
 _CDEF_FILES = ("ggml_types.h", "ggml_ops.h")
 
 ffi = cffi.FFI()

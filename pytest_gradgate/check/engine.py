@@ -156,6 +156,17 @@ def _build_forward(g, case, lines):
     return declared, laid_out, params, shapes, y
 
 
+def build_forward(g, case, lines):
+    """The case's forward graph up to its loss: ({param: tensor}, y the op's output, z what the
+    loss reads, loss). Values to write after allocation go to g.values."""
+    _, _, params, _, y = _build_forward(g, case, lines)
+    # an op whose output is a view (transpose, permute) would reach the loss's sqr kernel
+    # non-contiguous, which ggml's CPU unary kernels reject; the cont makes the gradient
+    # reach the op contiguous, which is what consumer `none` means
+    z = g.contiguous(CONSUMERS[case.consumer].build(g, y))
+    return params, y, z, LOSSES[case.loss].build(g, z)
+
+
 def _forward_takes(case, lib, lines):
     """Compute the case's forward alone with its params through the producer; an op whose
     forward rejects that layout (a constructor's or kernel's contiguity assert) aborts here,
@@ -188,11 +199,23 @@ def run_case(case, lib, phase=lambda name: None):
     lines = parse_graph(case.graph)
     result.op = main_op(lines)
 
+    timings = result.timings
+    clock = {"phase": None, "since": started}
+
+    def enter(name):
+        """phase() for the parent, and this phase's seconds for result.timings (bench/ reads them)."""
+        now = time.perf_counter()
+        if clock["phase"] is not None:
+            timings[str(clock["phase"])] = timings.get(str(clock["phase"]), 0.0) + now - clock["since"]
+        clock["phase"], clock["since"] = name, now
+        if name is not None:
+            phase(name)
+
     if laid_out_params(case.producer, {name: ne4(shape) for name, shape in case.params.items()}):
-        phase(Phase.PRODUCER_FORWARD)
+        enter(Phase.PRODUCER_FORWARD)
         _forward_takes(case, lib, lines)
 
-    phase(Phase.BUILD_FORWARD)
+    enter(Phase.BUILD_FORWARD)
     g = GraphBuilder(lib, case, n_tensors=graph_tensors(case, lines))
     session = None
     try:
@@ -205,7 +228,7 @@ def run_case(case, lib, phase=lambda name: None):
 
         if laid_out:
             # before the op is blamed for anything: can the producer carry a gradient at all here?
-            phase(Phase.PRODUCER_CHECK)
+            enter(Phase.PRODUCER_CHECK)
             for ne in dict.fromkeys(declared[name] for name in laid_out):    # once per shape
                 why = selfcheck.check_producer(case, lib, ne, case.threads)
                 if why is not None:
@@ -215,20 +238,20 @@ def run_case(case, lib, phase=lambda name: None):
 
         if case.consumer != "none":
             # before the op is blamed for anything: can the consumer carry a gradient at all here?
-            phase(Phase.CONSUMER_CHECK)
+            enter(Phase.CONSUMER_CHECK)
             why = selfcheck.check(case, lib, g.layout(y), case.threads)
             if why is not None:
                 result.kind = Diagnosis.CONSUMER_FAILS
                 result.diagnosis = selfcheck.failure_text(case.consumer, why)
                 return result.finish(Status.CONSUMER_FAILED, Phase.CONSUMER_CHECK, started=started)
 
-        phase(Phase.BUILD_BACKWARD)
+        enter(Phase.BUILD_BACKWARD)
         gf = lib.gg_graph_forward(g.ctx, loss, GRAPH_SIZE)
         gb = lib.gg_graph_backward(g.ctx, gf, GRAPH_SIZE)
         grads = {name: lib.ggml_graph_get_grad(gb, t) for name, t in params.items()}
         probe = _PowerProbe(g, y, gb, params)
 
-        phase(Phase.COMPUTE)
+        enter(Phase.COMPUTE)
         err = g.ffi.new("char[256]")
         # the backward on case.threads threads: a row lost or doubled at a thread boundary shows
         session = lib.gg_session_new(case.backend.encode(), case.threads, err, 256)
@@ -257,17 +280,19 @@ def run_case(case, lib, phase=lambda name: None):
 
         # the forwards of the finite differences on one: the reference must not share the bug
         lib.gg_session_set_n_threads(session, 1)
-        phase(Phase.NUMERIC)
+        enter(Phase.NUMERIC)
         checks = {}
         for name, t in params.items():
             checks[name] = _numeric(g, session, gf, t, loss, case, analytic[name], loss_scale)
+            result.evaluations += checks[name].get("evaluations", 0)
 
-        phase(Phase.COMPARE)
+        enter(Phase.COMPARE)
         predictions = probe.predictions(session)
         _compare(result, case, checks, predictions, shapes, laid_out)
         result.loss_value = loss_value
         return result.finish(result.status, Phase.DONE, started=started)
     finally:
+        enter(None)
         if session is not None and session != g.ffi.NULL:
             lib.gg_session_free(session)
         lib.gg_ctx_free(g.ctx)
@@ -332,7 +357,7 @@ def _numeric(g, session, gf, t, loss, case, analytic, loss_scale):
         return other
     roundoff = metrics.numeric_noise(loss_scale, h / 2, np.zeros(1), np.zeros(1) if precise else None)[0]
     return {"analytic": analytic, "numeric": numeric, "noise": noise, "halved": halved, "roundoff": roundoff,
-            "gap": np.abs(numeric - g_h), "values": read_tensor(g, t)}
+            "gap": np.abs(numeric - g_h), "values": read_tensor(g, t), "evaluations": n * (4 if precise else 2)}
 
 
 def _check_status(st):

@@ -1,7 +1,7 @@
 """Result: plain data about how one case ended. Built in the worker, read by the reports."""
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
 
@@ -34,6 +34,10 @@ class Result:
     signal: str = None
     stderr_tail: str = ""
     duration: float = 0.0
+    # seconds per phase inside the engine, and the forward evaluations of the full-mode numeric
+    # phase: what bench/ divides by (not in the reports)
+    timings: dict = field(default_factory=dict)
+    evaluations: int = 0
     mode: str = "full"
     # equivalence cases (check/equivalence.py): the formulations, the forwards' comparisons
     # (one per pair), and the worst NMSE of a gradient against its roundoff limit
@@ -67,7 +71,7 @@ class Result:
 
     def to_dict(self):
         """Plain data (str, not the enums): it crosses pipes, xdist's execnet and JSON."""
-        data = asdict(self)
+        data = {name: getattr(self, name) for name in _FIELD_NAMES}   # shallow: see Case.to_dict
         for key in ("status", "phase", "kind"):
             data[key] = str(data[key])
         return data
@@ -77,3 +81,6 @@ class Result:
         result = cls(**data)
         result.status, result.phase, result.kind = Status(result.status), Phase(result.phase), Diagnosis(result.kind)
         return result
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(Result))

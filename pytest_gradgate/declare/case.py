@@ -1,7 +1,7 @@
 """Case: the plain, JSON-serialisable description of one check. Nothing else crosses
 from the collector into the isolated worker and its engine."""
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 DEFAULT_EPS = 1e-1          # as test-backend-ops: inputs are O(1), so h = 0.1 keeps roundoff small
 DEFAULT_MAX_MAA = 1e-4      # test-backend-ops' limit
@@ -65,7 +65,9 @@ class Case:
         return f"{source}{self.consumer}-{self.loss}-{self.backend}"
 
     def to_dict(self):
-        return asdict(self)
+        # a shallow copy: nothing mutates a Case's values, and asdict's deep copy of every
+        # list and dict showed in the profile of each case's trip to the worker
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     @classmethod
     def from_dict(cls, data):
@@ -79,3 +81,6 @@ class Case:
                 n *= int(x)
             total += n
         return total
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(Case))

@@ -69,6 +69,27 @@ class LoadedCase:
         self.name, self.path, self.line, self.cases = name, path, line, cases
 
 
+# libyaml's loader where PyYAML was built with it: the built-in files are read by every
+# pytest-xdist worker at collection, and the pure-Python parser takes most of that time
+_LOADERS = tuple(L for L in (getattr(yaml, "CSafeLoader", None), yaml.SafeLoader) if L is not None)
+
+
+def _parse(text):
+    """(root node, data) of one YAML document from one parse: the nodes give the lines, the
+    data is what yaml.safe_load gives. A document libyaml rejects is read again by the
+    pure-Python loader, so that a syntax error is always worded and placed the same way."""
+    for loader_class in _LOADERS:
+        loader = loader_class(text)
+        try:
+            root = loader.get_single_node()
+            return root, (loader.construct_document(root) if root is not None else None)
+        except yaml.YAMLError:
+            if loader_class is _LOADERS[-1]:
+                raise
+        finally:
+            loader.dispose()
+
+
 def _key_lines(node):
     return {k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
 
@@ -109,8 +130,7 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
             return [], [CaseError(f"not UTF-8 text: byte 0x{raw_bytes[exc.start]:02x} at column {column}; "
                                   "save the file as UTF-8", path, line)]
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root, data = _parse(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)

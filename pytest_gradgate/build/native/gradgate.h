@@ -60,5 +60,10 @@ int gg_directional(struct gg_session * s, struct ggml_cgraph * gf, struct ggml_t
                    struct ggml_tensor * loss, const float * dirs, int n_dirs, float h,
                    double * d_h, double * d_half);
 
+/* The physical limit the numeric loops are measured against (bench/): seconds per plain
+ * ggml_graph_compute of gf over n_runs runs (CPU, tensors already allocated, the plan made
+ * once, nothing written or read between runs); -1 on failure. */
+double gg_bare_compute_seconds(struct ggml_cgraph * gf, int n_threads, int n_runs);
+
 /* the loss value after the last forward compute */
 double gg_read_scalar(struct ggml_tensor * t);

@@ -8,10 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gradgate.h"
 
-#define GG_ABI_VERSION 2
+#define GG_ABI_VERSION 3
 
 int gg_abi_version(void) { return GG_ABI_VERSION; }
 
@@ -65,6 +66,14 @@ int gg_graph_n_nodes(struct ggml_cgraph * g) { return ggml_graph_n_nodes(g); }
 struct gg_session {
     ggml_backend_t backend;
     ggml_backend_buffer_t buffer;
+    int n_threads;
+    // the finite differences run one forward graph thousands of times: on the CPU its plan
+    // (a walk over every node, and the work buffer's size) is made once per graph, not per run
+    struct ggml_cgraph * planned;
+    int planned_threads;
+    struct ggml_cplan plan;
+    uint8_t * work;
+    size_t work_size;
 };
 
 int gg_backend_count_gpu(void) {
@@ -97,6 +106,7 @@ struct gg_session * gg_session_new(const char * backend, int n_threads, char * e
     }
     struct gg_session * s = calloc(1, sizeof(*s));
     s->backend = b;
+    s->n_threads = n_threads;
     return s;
 }
 
@@ -105,6 +115,7 @@ void gg_session_set_n_threads(struct gg_session * s, int n_threads) {
     if (ggml_backend_is_cpu(s->backend)) {
         ggml_backend_cpu_set_n_threads(s->backend, n_threads);
     }
+    s->n_threads = n_threads;
 }
 
 void gg_session_free(struct gg_session * s) {
@@ -115,6 +126,7 @@ void gg_session_free(struct gg_session * s) {
         ggml_backend_buffer_free(s->buffer);
     }
     ggml_backend_free(s->backend);
+    free(s->work);
     free(s);
 }
 
@@ -133,6 +145,7 @@ int gg_session_alloc(struct gg_session * s, struct ggml_context * ctx) {
     if (s->buffer) {
         ggml_backend_buffer_free(s->buffer);
     }
+    s->planned = NULL;   // a plan is for a graph of the context allocated before
     s->buffer = ggml_backend_alloc_ctx_tensors(ctx, s->backend);
     return s->buffer != NULL;
 }
@@ -164,10 +177,61 @@ static size_t gg_offset(const struct ggml_tensor * t, int64_t i) {
     return i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
 }
 
+// One forward of the finite differences. On the CPU backend: ggml_graph_compute with the plan
+// made once for this graph and thread count (what ggml_backend_graph_compute does, minus
+// ggml_graph_plan on every call); other backends: ggml_backend_graph_compute.
+static int gg_forward(struct gg_session * s, struct ggml_cgraph * gf) {
+    if (!ggml_backend_is_cpu(s->backend)) {
+        return (int) ggml_backend_graph_compute(s->backend, gf);
+    }
+    if (s->planned != gf || s->planned_threads != s->n_threads) {
+        struct ggml_cplan plan = ggml_graph_plan(gf, s->n_threads, NULL);
+        if (plan.work_size > s->work_size) {
+            free(s->work);
+            s->work = malloc(plan.work_size);
+            s->work_size = s->work ? plan.work_size : 0;
+            if (!s->work) {
+                s->planned = NULL;
+                return (int) GGML_STATUS_ALLOC_FAILED;
+            }
+        }
+        plan.work_data = s->work;
+        s->plan = plan;
+        s->planned = gf;
+        s->planned_threads = s->n_threads;
+    }
+    struct ggml_cplan plan = s->plan;   // ggml_graph_compute may write to it
+    return (int) ggml_graph_compute(gf, &plan);
+}
+
+static double gg_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
+}
+
+double gg_bare_compute_seconds(struct ggml_cgraph * gf, int n_threads, int n_runs) {
+    struct ggml_cplan plan = ggml_graph_plan(gf, n_threads, NULL);
+    uint8_t * work = plan.work_size ? malloc(plan.work_size) : NULL;
+    if (plan.work_size && !work) {
+        return -1.0;
+    }
+    plan.work_data = work;
+    int st = 0;
+    const double started = gg_seconds();
+    for (int k = 0; k < n_runs && !st; k++) {
+        struct ggml_cplan p = plan;
+        st = (int) ggml_graph_compute(gf, &p);
+    }
+    const double took = gg_seconds() - started;
+    free(work);
+    return st ? -1.0 : took / (n_runs > 0 ? n_runs : 1);
+}
+
 static int gg_loss_at(struct gg_session * s, struct ggml_cgraph * gf, struct ggml_tensor * param,
                       struct ggml_tensor * loss, size_t off, float v, double * out) {
     ggml_backend_tensor_set(param, &v, off, sizeof(v));
-    const int st = (int) ggml_backend_graph_compute(s->backend, gf);
+    const int st = gg_forward(s, gf);
     *out = gg_read_scalar(loss);
     return st;
 }
@@ -240,7 +304,7 @@ int gg_directional(struct gg_session * s, struct ggml_cgraph * gf, struct ggml_t
         const int n_points = d_half ? 4 : 2;
         for (int p = 0; p < n_points && !st; p++) {
             gg_write_shifted(param, x0, u, scales[p], tmp);
-            st = (int) ggml_backend_graph_compute(s->backend, gf);
+            st = gg_forward(s, gf);
             f[p] = gg_read_scalar(loss);
         }
         d_h[k] = (f[0] - f[1]) / (2.0 * (double) h);
