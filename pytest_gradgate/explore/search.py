@@ -21,9 +21,13 @@ replayed failure that is now ignored would pass and Hypothesis would delete it.
 
 Time: new cases are drawn until the budget is spent; a shrink under way may run on for at
 most SHRINK_S seconds past the point where its failure was found (and never past the budget
-plus SHRINK_S); a failure the baseline already records, an op without a backward and a
-consumer that fails on its own get KNOWN_SHRINK_S: their small case is plain, and the search's
-time is better spent on what is new.
+plus SHRINK_S). Only what is new is shrunk: a failure the baseline already records, an op
+without a backward, a consumer or producer that fails on its own, a chain that fails as one of
+its ops already did alone, and another wrong-gradient class of an op already shrunk are kept as
+first seen (then the smallest seen), and pass from then on (_not_worth_a_shrink). Shrinking
+them cost a 60-second search over every op of the uncaught variant 21 s of its 42 s of case
+time, against 13 s of drawing; an op whose runs almost all fail as already found (no backward,
+a known assert) is skipped nine draws in ten (_spent_op).
 """
 
 import dataclasses
