@@ -27,7 +27,7 @@ from pytest_gradgate.ops.table import OPS
 
 DEFAULT_BASELINE = str(PACKAGE_DIR / "gate" / "baseline_default.json")
 PLANTED = ("scale", "rms_norm", "repeat")     # the ops whose backward the variant breaks
-BUDGET = "10s"                                # a fixed seed; each is found in about a second
+ALL_OPS_BUDGET = "60s"                        # issue 15: each planted bug within 60 s, searching every op
 
 
 def test_every_op_of_the_table_is_drawn_and_the_draws_load_as_case_files():
@@ -39,6 +39,8 @@ def test_every_op_of_the_table_is_drawn_and_the_draws_load_as_case_files():
     @settings(max_examples=1500, database=None, suppress_health_check=list(HealthCheck), deadline=None)
     @given(space.cases(space.explorable_ops()))
     def draw(mapping):
+        # drawn counts whether or not the loader takes it (reglu refuses an odd ne0)
+        first_ops.add(ops_used(parse_graph(mapping["graph"]))[-1])
         try:
             (case,) = space.to_cases(mapping)
         except CaseError:
@@ -46,7 +48,6 @@ def test_every_op_of_the_table_is_drawn_and_the_draws_load_as_case_files():
             return
         loaded[0] += 1
         assert isinstance(case, Case) and case.consumer == mapping["consumers"][0]
-        first_ops.add(ops_used(parse_graph(mapping["graph"]))[-1])
     draw()
     assert set(OPS) <= first_ops, sorted(set(OPS) - first_ops)
     assert loaded[0] > 5 * refused[0]
@@ -89,20 +90,25 @@ def test_the_builtin_suite_does_not_catch_the_planted_bugs(pytester, uncaught):
 
 
 @pytest.mark.slow
-def test_explore_finds_each_planted_bug_and_its_case_fails_the_same_way(pytester, uncaught, tmp_path):
+def test_one_search_over_every_op_finds_each_planted_bug_and_its_case_fails_the_same_way(pytester, uncaught,
+                                                                                         tmp_path):
+    """One search over the whole op table (no --ops), as a user runs it: each planted bug is
+    a new wrong gradient, shrunk to at most two ops, within ALL_OPS_BUDGET. Checked by hand that
+    this fails on the search as it was before known failures went unshrunk and draws were
+    weighted (same seed and budget: scale and rms_norm found, repeat not)."""
     out = tmp_path / "found.yaml"
     proc = subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "explore", "--ggml-src", str(uncaught),
-                           "--ops", *PLANTED, "--budget", BUDGET, "--seed", "0", "--no-database",
+                           "--budget", ALL_OPS_BUDGET, "--seed", "0", "--no-database",
                            "--baseline", DEFAULT_BASELINE, "--out", str(out)],
                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr       # new findings
     report = json.loads(out.with_suffix(".json").read_text())
-    assert report["stats"]["counts"]["cases"] > 50
+    assert report["stats"]["counts"]["cases"] > 300
     wrong = {}
     for f in report["findings"]:
         if f["status"] == "failed" and f["known"] is None and f["op"] in PLANTED:
             wrong.setdefault(f["op"], f)
-    assert set(wrong) == set(PLANTED), [f["key"] for f in report["findings"]]
+    assert set(wrong) == set(PLANTED), [(f["key"], f["found_after_s"]) for f in report["findings"]]
     for f in wrong.values():
         from pytest_gradgate.declare.expr import ops_used, parse_graph
         assert len(ops_used(parse_graph(f["case"]["graph"]))) <= 2, f["case"]

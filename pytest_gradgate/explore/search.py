@@ -21,9 +21,13 @@ replayed failure that is now ignored would pass and Hypothesis would delete it.
 
 Time: new cases are drawn until the budget is spent; a shrink under way may run on for at
 most SHRINK_S seconds past the point where its failure was found (and never past the budget
-plus SHRINK_S); a failure the baseline already records, an op without a backward and a
-consumer that fails on its own get KNOWN_SHRINK_S: their small case is plain, and the search's
-time is better spent on what is new.
+plus SHRINK_S). Only what is new is shrunk: a failure the baseline already records, an op
+without a backward, a consumer or producer that fails on its own, a chain that fails as one of
+its ops already did alone, and another wrong-gradient class of an op already shrunk are kept as
+first seen (then the smallest seen), and pass from then on (_not_worth_a_shrink). Shrinking
+them cost a 60-second search over every op of the uncaught variant 21 s of its 42 s of case
+time, against 13 s of drawing; an op whose runs almost all fail as already found (no backward,
+a known assert) is skipped nine draws in ten (_spent_op).
 """
 
 import dataclasses
@@ -35,7 +39,9 @@ from pytest_gradgate.errors import GradgateError
 from pytest_gradgate.explore import findings, space
 
 SHRINK_S = 20.0             # the most one shrink may take
-KNOWN_SHRINK_S = 3.0        # ... of a failure the baseline records, a missing backward, a failing consumer
+SPENT_AFTER = 6             # an op is spent after this many runs ...
+SPENT_SHARE = 0.9           # ... of which this share failed as something already found
+SPENT_KEEP = 10             # one draw in this many of a spent op still runs
 CASE_TIMEOUT_S = 10.0       # a drawn case is small: past this it hangs
 MAX_EXAMPLES = 10 ** 9      # the budget ends a round, not a count
 CONFIRM_EPS_FACTOR = 10     # a wrong gradient must still be wrong with eps / 10
@@ -65,7 +71,11 @@ class Job:
         self.discarded = {}             # why -> count
         self.errors = []                # harness errors: (message, case mapping), a few
         self._types = {}                # (class, site) -> its exception class
-        self.shrunk = set()             # keys some round shrank
+        self.shrunk = set()             # keys some round shrank, or that none will
+        self.unshrunk = set()           # keys not worth a shrink (see _not_worth_a_shrink)
+        self._wrong_shrunk = set()      # shrunk keys of wrong gradients
+        self.op_draws = {}              # op -> [draws run that hold it, of them failing as already found]
+        self._spent_skips = {}          # op -> draws considered for skipping (see _spent_op)
         self.case_seconds = 0.0
 
     def close(self):
@@ -75,6 +85,36 @@ class Job:
         if key not in self._types:
             self._types[key] = type(f"Finding{len(self._types)}", (_FindingFailure,), {"key": key})
         return self._types[key]
+
+    def _spent_op(self, ops):
+        """Whether to skip a draw, unrun, for an op that it holds whose draws almost all fail the
+        way something already found does (an op without a backward, an op that dies at a known
+        assert whatever its input): each such run is a fork and a crash that says nothing new.
+        One draw in SPENT_KEEP of them still runs, so that such an op's other failures can surface."""
+        for op in set(ops):
+            runs, dead = self.op_draws.get(op, (0, 0))
+            if runs >= SPENT_AFTER and dead >= SPENT_SHARE * runs:
+                self._spent_skips[op] = self._spent_skips.get(op, 0) + 1
+                if self._spent_skips[op] % SPENT_KEEP:
+                    return True
+        return False
+
+    def _not_worth_a_shrink(self, key, status, mapping):
+        """A failure the baseline records, an op without a backward, a consumer or producer that
+        fails on its own (their smallest case is in the suite, or any shape shows it), and a
+        chain that fails the way one of its own ops already failed alone (sqr(clamp(a)) dying
+        at clamp's assert: clamp's finding, which findings.without_subsumed keeps)."""
+        if key[1] in (str(Diagnosis.NO_BACKWARD), str(Diagnosis.CONSUMER_FAILS), str(Diagnosis.PRODUCER_FAILS)):
+            return True
+        if self.known.match(key, status):
+            return True
+        if status == str(Status.FAILED) and any(other[0] == key[0] and other != key
+                                                  for other in self._wrong_shrunk):
+            # another wrong-gradient class of an op whose wrong gradient is shrunk already: one
+            # wrong backward shows as disagree, dropped or wrong-scale depending on the draw
+            return True
+        ops = set(findings.ops_of(mapping))
+        return any(other != key and other[1:] == key[1:] and other[0] in ops for other in self.findings)
 
     def _confirmed(self, case):
         """A wrong gradient is reported only if it is still wrong with a step CONFIRM_EPS_FACTOR
@@ -108,11 +148,19 @@ class Job:
                 from hypothesis import reject
                 self.counts["invalid"] += 1
                 reject()
+            ops = findings.ops_of(mapping)
+            if state.get("shrink_until") is None and self._spent_op(ops):
+                from hypothesis import reject
+                self.counts["skipped-spent-op"] = self.counts.get("skipped-spent-op", 0) + 1
+                reject()
             began = time.perf_counter()
             result = self.runner.run(case)
             self.case_seconds += time.perf_counter() - began
             self.counts["cases"] += 1
-            outcome, detail = findings.classify(result, findings.ops_of(mapping))
+            outcome, detail = findings.classify(result, ops)
+            for op in set(ops):
+                seen = self.op_draws.setdefault(op, [0, 0])
+                seen[0] += 1
             if outcome == findings.PASSED:
                 self.counts["passed"] += 1
                 return
@@ -140,15 +188,25 @@ class Job:
             else:
                 held.offer(mapping, result.to_dict())
             if key in state["ignored"]:
-                return          # found in an earlier round: a pass for this one
-            if state.get("shrink_until") is None:
+                for op in set(ops):
+                    self.op_draws[op][1] += 1
+                return          # found in an earlier round, or not worth a shrink: a pass here
+            if key != state.get("target") and self._not_worth_a_shrink(key, str(result.status), mapping):
+                # kept as first found (and the smallest seen after), never shrunk, and a pass from
+                # now on: shrinking it would only end the round and restart Hypothesis for a case
+                # whose small form is plain; the budget goes into drawing what is new
+                self.unshrunk.add(key)
+                for op in set(ops):
+                    self.op_draws[op][1] += 1
                 self.shrunk.add(key)
-                # a failure the baseline records, an op without a backward, a consumer that fails
-                # on its own: their smallest case is plain (the suite has it, or any shape shows
-                # it); the search's time is better spent on drawing
-                plain = key[1] in (str(Diagnosis.NO_BACKWARD), str(Diagnosis.CONSUMER_FAILS), str(Diagnosis.PRODUCER_FAILS))
-                shrink_s = KNOWN_SHRINK_S if plain or self.known.match(key, str(result.status)) else self.shrink_s
-                state["shrink_until"] = min(time.monotonic() + shrink_s, deadline + shrink_s)
+                state["ignored"].add(key)
+                return
+            if state.get("shrink_until") is None:
+                state["target"] = key
+                self.shrunk.add(key)
+                if result.status == Status.FAILED:
+                    self._wrong_shrunk.add(key)
+                state["shrink_until"] = min(time.monotonic() + self.shrink_s, deadline + self.shrink_s)
             # Hypothesis tells failures apart by (class, site), not by op: the shrinker may then
             # take a chain that fails in its inner op down to that op alone
             raise self._exception_for(key[1:])(findings.key_text(key))
