@@ -93,9 +93,10 @@ def test_the_builtin_suite_does_not_catch_the_planted_bugs(pytester, uncaught):
 def test_one_search_over_every_op_finds_each_planted_bug_and_its_case_fails_the_same_way(pytester, uncaught,
                                                                                          tmp_path):
     """One search over the whole op table (no --ops), as a user runs it: each planted bug is
-    a new wrong gradient, shrunk to at most two ops, within ALL_OPS_BUDGET. Checked by hand that
-    this fails on the search as it was before known failures went unshrunk and draws were
-    weighted (same seed and budget: scale and rms_norm found, repeat not)."""
+    a new wrong gradient, shrunk to at most two ops, within ALL_OPS_BUDGET. It fails when a
+    planted bug is not found in time; the search as it was before known failures went unshrunk
+    found the last of the three at 52 s of 60 at this seed (seed 2: 58.5 s), against 32 s now,
+    so on a slower or busier machine that search fails it and this one has room."""
     out = tmp_path / "found.yaml"
     proc = subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "explore", "--ggml-src", str(uncaught),
                            "--budget", ALL_OPS_BUDGET, "--seed", "0", "--no-database",
