@@ -164,3 +164,20 @@ def test_an_output_that_is_a_transposed_vector_reaches_the_loss(runner, graph):
     with the engine before the fix (check/engine.py GraphBuilder.is_contiguous)."""
     result = runner.run(Case(name="vector", graph=graph, params={"a": [2]}))
     assert result.status == Status.PASSED, result.message
+
+
+def test_a_wrong_gradient_is_known_only_through_the_same_layout_and_family_of_diagnosis():
+    """The shipped baseline records ADD1's wrong scale (contiguous) and SILU's misread of a
+    transposed gradient. Matching on op and status alone (as it did) made a wrong sign of add1
+    and a wrong silu on contiguous tensors 'known', hiding them."""
+    from pytest_gradgate.explore.findings import KnownFailures
+    from pytest_gradgate.gate.baseline import Baseline
+    known = KnownFailures(Baseline.load(DEFAULT_BASELINE))
+
+    def case(consumer, producer="none"):
+        return {"consumers": [consumer], **({"producers": [producer]} if producer != "none" else {})}
+    assert known.match(("add1", "wrong-scale", ""), "failed", case("none"))
+    assert not known.match(("add1", "wrong-sign", ""), "failed", case("none"))
+    assert known.match(("silu", "disagree", ""), "failed", case("transpose"))
+    assert known.match(("silu", "wrong-positions", ""), "failed", case("none", "permute_0213"))
+    assert not known.match(("silu", "disagree", ""), "failed", case("none"))

@@ -214,8 +214,13 @@ class KnownFailures:
             self.entries.append((node, op, consumer, producer, entry["status"], normalise_reason(entry.get("reason")),
                                  entry))
 
-    def match(self, key, status):
-        """The baseline entry that records this failure, as {node, status, reason}, or None."""
+    def match(self, key, status, mapping=None):
+        """The baseline entry that records this failure, as {node, status, reason}, or None.
+        A wrong gradient (`mapping`: the finding's case) is known only where the baseline has the
+        same op wrong through the same kind of layout (all contiguous, or not) and in the same
+        family of diagnosis: ADD1's known wrong scale does not make a wrong sign of
+        add1(scale(a, s=-2)) known, nor does SILU's misread of a transposed gradient make a
+        wrong SILU on contiguous tensors known."""
         op, kind, site = key
         for node, entry_op, consumer, producer, entry_status, reason, entry in self.entries:
             if op.startswith("consumer:"):
@@ -228,16 +233,46 @@ class KnownFailures:
                 same = entry_status == "crashed" and (site in reason if ":" in site else True)
             else:
                 same = entry_status == status
+                if same and status == "failed" and mapping is not None:
+                    same = _family(kind) == _reason_family(reason) and \
+                        _contiguous(consumer, producer) == _contiguous(*_layout_of(mapping))
             if same:
                 return {"node": node, "status": entry_status, "reason": entry.get("reason")}
         return None
+
+
+# one wrong backward shows as disagree or wrong positions depending on the draw; a wrong scale,
+# a wrong sign and a dropped gradient are other bugs
+_FAMILIES = {"wrong-positions": "misread", "disagree": "misread"}
+_REASON_FAMILIES = (("right values at wrong positions", "misread"), ("values disagree", "misread"),
+                    ("wrong scale", "wrong-scale"), ("wrong sign", "wrong-sign"), ("drops this gradient", "dropped"))
+
+
+def _family(kind):
+    return _FAMILIES.get(kind, kind)
+
+
+def _reason_family(reason):
+    for phrase, family in _REASON_FAMILIES:
+        if phrase in (reason or ""):
+            return family
+    return None
+
+
+def _contiguous(consumer, producer):
+    return (consumer or "none") == "none" and (producer or "none") == "none"
+
+
+def _layout_of(mapping):
+    """(consumer, producer) of a drawn case mapping."""
+    return (mapping.get("consumers") or ["none"])[0], (mapping.get("producers") or ["none"])[0]
 
 
 def mark_known(findings, baseline):
     """Set each finding's `known` to the baseline entry that records the same failure, if any."""
     known = KnownFailures(baseline)
     for f in findings:
-        f.known = known.match(f.key, f.result["status"])
+        f.known = known.match(f.key, f.result["status"], f.mapping)
     return findings
 
 
