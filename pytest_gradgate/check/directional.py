@@ -210,7 +210,7 @@ def locate(g, session, gf, t, loss, case, analytic, loss_scale, seconds_per_elem
     located = {
         "n_sampled": int(k), "n_elements": int(n), "n_mismatched": int(mismatched.sum()),
         "maa": float(m["maa"]), "cosine": float(m["cosine"]), "step": float(np.max(steps)),
-        "worst": [{"index": metrics._multi_index(int(idx[i]), shape), "analytic": float(a[i]),
+        "worst": [{"index": metrics.ggml_index(int(idx[i]), shape), "analytic": float(a[i]),
                    "numeric": float(numeric[i])} for i in order if err[i] > 0],
     }
     return located, _diagnose(analytic, a, numeric, noise, m, mismatched, case.max_maa, k, n)

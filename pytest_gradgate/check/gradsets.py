@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pytest_gradgate.check.metrics import ggml_index
 from pytest_gradgate.check.outcome import Diagnosis
 
 F32_EPS = float(np.finfo(np.float32).eps)
@@ -41,14 +42,6 @@ def nmse_limit(steps_a, steps_b):
     return (SAFETY * F32_EPS) ** 2 * max(steps_a + steps_b, 1.0)
 
 
-def _multi_index(flat, shape_ne):
-    idx, out = int(flat), []
-    for n in shape_ne:
-        out.append(idx % n)
-        idx //= n
-    return out
-
-
 def compare_values(a, b, limit, shape_ne, labels=("a", "b")):
     """Metrics of two computations of one tensor: NMSE (of the difference, over the mean
     energy of the two, so that neither is taken for the truth), cosine, norm ratio a/b,
@@ -60,7 +53,7 @@ def compare_values(a, b, limit, shape_ne, labels=("a", "b")):
     if bad_a.any() or bad_b.any():
         out.update(nmse=float("inf"), cosine=float("nan"), norm_ratio=float("nan"), max_abs_diff=float("inf"),
                    passed=False, nonfinite={labels[0]: int(bad_a.sum()), labels[1]: int(bad_b.sum())},
-                   first_nonfinite=_multi_index(int(np.argmax(bad_a | bad_b)), shape_ne), worst=[])
+                   first_nonfinite=ggml_index(int(np.argmax(bad_a | bad_b)), shape_ne), worst=[])
         return out
     diff = a - b
     na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
@@ -71,7 +64,7 @@ def compare_values(a, b, limit, shape_ne, labels=("a", "b")):
     worst = np.argsort(-err, kind="stable")[:N_WORST]
     out.update(nmse=nmse, cosine=cosine, norm_ratio=(na / nb) if nb > 0 else (float("inf") if na > 0 else 1.0),
                max_abs_diff=float(err.max()) if err.size else 0.0, passed=bool(nmse <= limit),
-               worst=[{"index": _multi_index(i, shape_ne), labels[0]: float(a[i]), labels[1]: float(b[i])}
+               worst=[{"index": ggml_index(i, shape_ne), labels[0]: float(a[i]), labels[1]: float(b[i])}
                       for i in worst if err[i] > 0])
     return out
 

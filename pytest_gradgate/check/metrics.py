@@ -46,7 +46,7 @@ def numeric_noise(loss_scale, h, g_h, g4=None):
     return roundoff + truncation
 
 
-def _multi_index(flat, shape_ne):
+def ggml_index(flat, shape_ne):
     """Logical element index -> ggml index (i0, i1, i2, i3)."""
     idx, out = int(flat), []
     for n in shape_ne:
@@ -67,7 +67,7 @@ def compare(analytic, numeric, noise, max_maa, shape_ne=None, n_worst=5):
         out.update(maa=float("inf"), noise_maa=0.0, cosine=float("nan"), norm_ratio=float("nan"),
                    max_abs_err=float("inf"), n_compared=0, passed=False,
                    nonfinite_analytic=int(bad_a.sum()), nonfinite_numeric=int(bad_n.sum()),
-                   first_nonfinite=_multi_index(int(np.argmax(bad_a | bad_n)), shape_ne), worst=[])
+                   first_nonfinite=ggml_index(int(np.argmax(bad_a | bad_n)), shape_ne), worst=[])
         return out
     both_zero = (np.abs(a) <= noise) & (np.abs(n) <= noise)
     if both_zero.any():
@@ -90,7 +90,7 @@ def compare(analytic, numeric, noise, max_maa, shape_ne=None, n_worst=5):
         cosine=cosine, norm_ratio=(na / nn) if nn > 0 else (float("inf") if na > 0 else 1.0),
         max_abs_err=float(err.max()) if err.size else 0.0, n_compared=int(keep.sum()),
         passed=bool(maa <= max_maa + noise_maa),
-        worst=[{"index": _multi_index(i, shape_ne), "analytic": float(a[i]), "numeric": float(n[i])}
+        worst=[{"index": ggml_index(i, shape_ne), "analytic": float(a[i]), "numeric": float(n[i])}
                for i in worst if err[i] > 0],
     )
     return out

@@ -51,7 +51,7 @@ def reliable_part_passes(analytic, numeric, noise, unreliable, max_maa):
 def advice(name, values, unreliable, h, shape_ne, n_show=3):
     """What to change, naming where the step is not trustworthy and the param's values there."""
     where = np.flatnonzero(unreliable)
-    shown = ", ".join(f"{metrics._multi_index(int(i), shape_ne)} (x = {values[i]:+.3g})" for i in where[:n_show])
+    shown = ", ".join(f"{metrics.ggml_index(int(i), shape_ne)} (x = {values[i]:+.3g})" for i in where[:n_show])
     return (f"{name}: numeric gradient unreliable at {where.size} of {unreliable.size} elements: halving the step "
             f"{h:g} moves the finite difference more than a smooth loss allows (the step crosses a kink, pole or "
             "jump), "
