@@ -109,10 +109,10 @@ class Checker:
     def _run(self, prepared):
         state, case = prepared
         try:
-            runner = state.runner()   # builds ggml on first use when --gradgate did not
+            state.runner()   # builds ggml on first use when --gradgate did not
         except GradgateError as exc:
             pytest.fail(f"gradgate: {exc}", pytrace=False)
-        result = runner.run(case)
+        result = state.run(case)
         node = self._request.node
         # the plugin puts item.gradgate_result on the report (JSON/HTML outputs, summary);
         # with several checks in one test, the first that did not pass is the one to show

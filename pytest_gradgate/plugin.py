@@ -147,6 +147,14 @@ def pytest_make_collect_report(collector):
     return None
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    # an xdist worker knows only its next item: the one whose case it may start early (gate/ahead.py)
+    if getattr(item, "gradgate_wants_next", False):
+        item.gradgate_next = nextitem
+    return None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield

@@ -454,18 +454,19 @@ def test_a_worker_killed_during_a_case_is_not_said_to_die_in_startup(pytester, g
         "  - name: hang\n    params: {a: [4, 3]}\n    graph: scale(a, s=17)\n    consumers: [none]\n    timeout: 600\n"
         f"  - name: after\n{PASSING}")
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "--gradgate", "--gradgate-no-builtin", "-p",
-                             "no:cacheprovider", ".", "--gradgate-ggml-src", str(root), "--gradgate-json", "r.json"],
+                             "no:cacheprovider", ".", "--gradgate-ggml-src", str(root), "--gradgate-json", "r.json",
+                             "--gradgate-jobs", "1"],   # one worker: the one to kill is the one running "hang"
                             cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
-        while True:
-            workers = _children(proc.pid)
-            if workers and len(_children(workers[0])) >= 2:   # the case's child and the next spare
+        while True:   # the worker whose children are the case's child and the next spare
+            busy = [w for w in _children(proc.pid) if len(_children(w)) >= 2]
+            if busy:
                 break
             assert proc.poll() is None and time.monotonic() < deadline, "the case never started"
             time.sleep(0.1)
         time.sleep(1.0)
-        os.kill(workers[0], signal.SIGKILL)
+        os.kill(busy[0], signal.SIGKILL)
         out = proc.communicate(timeout=120)[0]
     finally:
         proc.kill()

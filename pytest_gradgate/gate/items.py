@@ -56,9 +56,13 @@ class CaseFile(pytest.File):
 
 
 class CaseItem(pytest.Item):
+    # plugin.pytest_runtest_protocol sets gradgate_next: under xdist, the one item known to come next
+    gradgate_wants_next = True
+
     def __init__(self, *, case, **kwargs):
         super().__init__(**kwargs)
         self.case = case
+        self.gradgate_next = None
         self.add_marker("gradgate")
 
     def setup(self):
@@ -75,7 +79,7 @@ class CaseItem(pytest.Item):
 
     def runtest(self):
         state = state_of(self.config)
-        result = state.runner().run(self.case)
+        result = state.run(self.case, key=self.nodeid, upcoming=_upcoming(self, state))
         self.gradgate_result = result
         _track_start_failures(state, result, self.session)
         _decide(self, result)
@@ -134,6 +138,23 @@ class NotBuiltItem(pytest.Item):
 
     def reportinfo(self):
         return self.path, self.entry.line - 1, f"{self.entry.name} (not built)"
+
+
+def _upcoming(item, state):
+    """(key, case) of the gate items pytest will run after `item`, as far as this process
+    knows: the next 2 x jobs of session.items, or under xdist the one item it was given next.
+    Items that a skip marker will skip are left out."""
+    if hasattr(item.config, "workerinput"):
+        following = [item.gradgate_next] if item.gradgate_next is not None else []
+    else:
+        session = item.session
+        index = getattr(session, "gradgate_index", None)
+        if index is None or len(index) != len(session.items):
+            index = session.gradgate_index = {id(it): i for i, it in enumerate(session.items)}
+        at = index.get(id(item))
+        following = session.items[at + 1:at + 1 + 2 * state.jobs()] if at is not None else []
+    return [(it.nodeid, it.case) for it in following if isinstance(it, CaseItem) and
+            it.get_closest_marker("skip") is None and it.get_closest_marker("skipif") is None]
 
 
 def _track_start_failures(state, result, session):

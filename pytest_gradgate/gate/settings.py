@@ -20,6 +20,7 @@ class Setting:
     default: object = None
     choices: tuple = None
     kind: str = "string"   # string, int, float, size, bool, paths
+    minimum: int = None    # an int's least value
 
     @property
     def option(self):
@@ -43,6 +44,8 @@ SETTINGS = [
     Setting("cases", "extra YAML case files (repeatable)", (), kind="paths"),
     Setting("isolate", "case: fork a child per case (default); worker: run in a worker process; "
             "none: in-process, for debuggers", "case", ISOLATE_MODES),
+    Setting("jobs", "cases run at once in this pytest process, each in its own worker (default: one per CPU; "
+            "1 in each pytest-xdist worker)", 0, kind="int", minimum=0),
     Setting("timeout", "per-case timeout in seconds (default: sized to the case)", 0.0, kind="float"),
     Setting("max_memory", "cap on a case's memory, e.g. 2G or 512M, at most 1048576G (default: none)", 0,
             kind="size"),
@@ -118,6 +121,8 @@ def _convert(s, value, where):
             value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
     except ValueError:
         raise pytest.UsageError(f"{where}: '{value}' is not a valid value ({s.help})") from None
+    if s.minimum is not None and value < s.minimum:
+        raise pytest.UsageError(f"{where}: '{value}' is below {s.minimum} ({s.help})")
     if s.choices and value not in s.choices:
         raise pytest.UsageError(f"{where}: '{value}' is not one of {', '.join(s.choices)}")
     return value

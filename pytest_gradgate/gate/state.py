@@ -33,6 +33,8 @@ class GateState:
         self.build_error = None         # a GradgateError from the build: every later case reports it
         self.build_facts = None         # what the reports say of the build (ours, or an xdist worker's)
         self._runner = None
+        self._ahead = None              # gate/ahead.py: the coming items' cases, run in the background
+        self._extra_runners = []        # the Ahead's runners beyond the first (self._runner)
         self.results = []
         self.invalid_cases = []         # declarations that could not be loaded: path, line, message
         self.start_failures_in_a_row = 0
@@ -81,6 +83,39 @@ class GateState:
                                   timeout=self.settings["timeout"] or None)
             self.build_facts = self._facts(build, self._runner.ggml_version())
         return self._runner
+
+    def jobs(self):
+        """Cases run at once by this pytest process: --gradgate-jobs, else one per CPU it may
+        use; one in an xdist worker (-n already runs a process per CPU)."""
+        if self.settings["jobs"]:
+            return self.settings["jobs"]
+        if hasattr(self.config, "workerinput"):
+            return 1
+        import os
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:   # not Linux
+            return max(1, os.cpu_count() or 1)
+
+    def run(self, case, key=None, upcoming=()):
+        """The Result of `case`; `upcoming`: (key, case) of the items pytest runs next, started
+        now in the background (gate/ahead.py). key=None: a case no item will ask for again
+        (the gradgate fixture's), run before anything queued."""
+        runner = self.runner()
+        if self.settings["isolate"] == "none":   # in this process: one at a time, no threads
+            return runner.run(case)
+        if self._ahead is None:
+            from pytest_gradgate.gate.ahead import Ahead
+            from pytest_gradgate.isolation.parent import Runner
+            self._extra_runners = [Runner(runner.library, isolate=runner.isolate, max_memory=runner.max_memory,
+                                          backtrace=runner.backtrace, timeout=runner.timeout)
+                                   for _ in range(self.jobs() - 1)]
+            self._ahead = Ahead([runner, *self._extra_runners])
+        if key is not None:
+            self._ahead.submit(key, case)     # before the items after it
+        for next_key, next_case in upcoming:
+            self._ahead.submit(next_key, next_case)
+        return self._ahead.result(key if key is not None else object(), case)
 
     def _facts(self, build, version):
         """What the reports say of the build: plain data, so it rides on reports under xdist."""
@@ -147,5 +182,9 @@ class GateState:
         return self.baseline
 
     def close(self):
+        if self._ahead is not None:
+            self._ahead.close()
+        for runner in self._extra_runners:
+            runner.close()
         if self._runner:
             self._runner.close()
