@@ -98,7 +98,7 @@ def pytest_report_header(config):
         return None
     lines = [f"gradgate: ggml from {state.source.label}; {state.settings['build_type']} build for "
              f"{', '.join(state.backends)}, made or found when the first case runs",
-             f"gradgate: isolate={state.settings['isolate']}" + _no_fork_note(state)]
+             f"gradgate: isolate={state.settings['isolate']}" + _no_fork_note(state) + _jobs_note(state)]
     b = state.baseline
     if b is not None:
         line = f"gradgate: baseline {b.path} ({len(b)} known failures"
@@ -109,6 +109,13 @@ def pytest_report_header(config):
     if state.baseline_note:
         lines.append(f"gradgate: {state.baseline_note}")
     return lines
+
+
+def _jobs_note(state):
+    if state.settings["isolate"] == "none":     # in this process, one at a time
+        return ""
+    jobs = state.jobs()
+    return f"; {jobs} case{'s' if jobs > 1 else ''} at once (--gradgate-jobs)"
 
 
 def _no_fork_note(state):

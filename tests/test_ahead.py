@@ -39,6 +39,7 @@ def test_each_item_gets_its_own_cases_result(pytester, default_build, jobs):
         result.stdout.str()[-3000:]
     # and pytest reports them in its own order, one line each
     assert result.parseoutcomes() == {"passed": pattern.count("P"), "failed": pattern.count("C")}
+    result.stdout.fnmatch_lines([f"gradgate: isolate=case; {jobs} case{'s' if jobs != '1' else ''} at once*"])
     names = [line.split("::")[1].split("[")[0] for line in result.stdout.lines
              if line.startswith("FAILED gradgate_mix.yaml::")]
     assert names == sorted(names)

@@ -44,8 +44,8 @@ SETTINGS = [
     Setting("cases", "extra YAML case files (repeatable)", (), kind="paths"),
     Setting("isolate", "case: fork a child per case (default); worker: run in a worker process; "
             "none: in-process, for debuggers", "case", ISOLATE_MODES),
-    Setting("jobs", "cases run at once in this pytest process, each in its own worker (default: one per CPU; "
-            "1 in each pytest-xdist worker)", 0, kind="int", minimum=0),
+    Setting("jobs", "cases run at once in this pytest process, each in its own worker (default 0: one per CPU, "
+            "at most 8; 1 in each pytest-xdist worker)", 0, kind="int", minimum=0),
     Setting("timeout", "per-case timeout in seconds (default: sized to the case)", 0.0, kind="float"),
     Setting("max_memory", "cap on a case's memory, e.g. 2G or 512M, at most 1048576G (default: none)", 0,
             kind="size"),

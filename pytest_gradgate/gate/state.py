@@ -12,6 +12,9 @@ from pytest_gradgate.errors import GradgateError
 from pytest_gradgate.gate import settings
 
 STATE = pytest.StashKey()
+# each job is a worker process with its own copy of the library (and, for CUDA cases, which
+# run in the worker, its own CUDA context): a big machine's default stays bounded
+DEFAULT_MAX_JOBS = 8
 
 
 def state_of(config):
@@ -86,16 +89,17 @@ class GateState:
 
     def jobs(self):
         """Cases run at once by this pytest process: --gradgate-jobs, else one per CPU it may
-        use; one in an xdist worker (-n already runs a process per CPU)."""
+        use, at most DEFAULT_MAX_JOBS; one in an xdist worker (-n already runs a process per CPU)."""
         if self.settings["jobs"]:
             return self.settings["jobs"]
         if hasattr(self.config, "workerinput"):
             return 1
         import os
         try:
-            return max(1, len(os.sched_getaffinity(0)))
+            cpus = len(os.sched_getaffinity(0))
         except AttributeError:   # not Linux
-            return max(1, os.cpu_count() or 1)
+            cpus = os.cpu_count() or 1
+        return max(1, min(cpus, DEFAULT_MAX_JOBS))
 
     def run(self, case, key=None, upcoming=()):
         """The Result of `case`; `upcoming`: (key, case) of the items pytest runs next, started
