@@ -166,6 +166,47 @@ cases:
                                  "so in this ggml (ggml: *GGML_ASSERT(*) failed); nothing about the backward was checked"])
 
 
+def test_a_forward_that_misreads_the_layout_is_the_forwards_failure_not_the_backwards(pytester):
+    """ggml 0.15.3's SUM and GET_ROWS forwards read a transposed input as if its rows were
+    contiguous: the loss itself is then wrong, the finite differences differentiate that wrong
+    forward, and before the forward was compared with a contiguous copy these items failed with
+    a confident diagnosis of the backward ("values disagree", "right values at wrong positions").
+    Now the forward's own failure is the verdict and the backward is not blamed. An op whose
+    forward copes (SILU, whose SILU_BACK misreads the permuted x) still reaches the backward."""
+    pytester.makefile(".yaml", gradgate_fwd_wrong="""\
+cases:
+  - name: sum_input
+    params: {a: [4, 3]}
+    graph: sum(a)
+    consumers: [none]
+    producers: [none, transpose]
+  - name: get_rows_input
+    params: {a: [4, 6]}
+    inputs: {rows: {shape: [5], type: i32, values: [0, 2, 2, 5, 1]}}
+    graph: get_rows(a, rows)
+    consumers: [none]
+    producers: [transpose]
+  - name: silu_input
+    params: {a: [4, 3, 2]}
+    graph: silu(a)
+    consumers: [none]
+    producers: [permute_0213]
+""")
+    pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "gradgate_fwd_wrong.yaml",
+                                  "-p", "no:cacheprovider", "--gradgate-json", "r.json")
+    import json
+    cases = {c["id"]: c for c in json.loads((pytester.path / "r.json").read_text())["cases"]}
+    for item in ("sum_input[from_transpose-none-sqr-cpu]", "get_rows_input[from_transpose-none-sqr-cpu]"):
+        r = cases[item]
+        assert (r["status"], r["phase"]) == ("failed", "producer-forward"), r
+        assert "than on a contiguous copy of the same input" in r["diagnosis"]
+        assert "so the backward was not checked" in r["diagnosis"]
+    assert cases["sum_input[none-sqr-cpu]"]["status"] == "passed"
+    silu = cases["silu_input[from_permute_0213-none-sqr-cpu]"]
+    assert (silu["status"], silu["phase"]) == ("failed", "done")
+    assert "through producer 'permute_0213'" in silu["diagnosis"]
+
+
 def test_the_fixture_takes_a_producer(pytester):
     pytester.makepyfile(test_fixture_producer="""
         def test_rms_norm_input(gradgate):

@@ -168,26 +168,55 @@ def build_forward(g, case, lines):
 
 
 def _forward_takes(case, lib, lines):
-    """Compute the case's forward alone with its params through the producer; an op whose
-    forward rejects that layout (a constructor's or kernel's contiguity assert) aborts here,
-    in Phase.PRODUCER_FORWARD, before anything about its backward is claimed."""
-    g = GraphBuilder(lib, case, n_tensors=128 + 16 * max(len(lines), len(ops_used(lines))) + 2 * len(case.params)
+    """Compute the case's forward alone with its params through the producer, and again from
+    contiguous copies of the same views (ggml's CONT). An op whose forward rejects the layout (a
+    constructor's or kernel's contiguity assert) aborts here, in Phase.PRODUCER_FORWARD, before
+    anything about its backward is claimed. -> None, or what is wrong when the forward runs but
+    gives other values on the layout than on the copy: then the finite differences would
+    differentiate that wrong forward, and a disagreement would be blamed on the backward."""
+    g = GraphBuilder(lib, case, n_tensors=128 + 32 * max(len(lines), len(ops_used(lines))) + 4 * len(case.params)
                      + len(case.inputs))
     session = None
     try:
-        _, _, _, _, y = _build_forward(g, case, lines)
+        leaves, _, _, laid_out = build_leaves(g, case)
+        y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p))
+        copies = {name: (lib.ggml_cont(g.ctx, t) if name in laid_out else t) for name, t in leaves.items()}
+        y_copy = walk(lines, copies, lambda spec, tensors, p: spec.build(g, tensors, p))
         gf = lib.gg_graph_forward(g.ctx, LOSSES[case.loss].build(g, g.contiguous(y)), GRAPH_SIZE)
+        gf_copy = lib.gg_graph_forward(g.ctx, LOSSES[case.loss].build(g, g.contiguous(y_copy)), GRAPH_SIZE)
         err = g.ffi.new("char[256]")
         session = lib.gg_session_new(case.backend.encode(), 1, err, 256)
         if session == g.ffi.NULL or not lib.gg_session_alloc(session, g.ctx):
-            return      # the case itself reports a backend that cannot start
+            return None      # the case itself reports a backend that cannot start
         for t, values in g.values:
             write_tensor(g, t, values)
-        lib.gg_session_compute(session, gf)     # a status != 0 shows again in the case's own compute
+        # a status != 0 shows again in the case's own compute
+        if lib.gg_session_compute(session, gf) != 0 or lib.gg_session_compute(session, gf_copy) != 0:
+            return None
+        return _forward_difference(read_tensor(g, y), read_tensor(g, y_copy), ne4(g.layout(y)[0]))
     finally:
         if session is not None and session != g.ffi.NULL:
             lib.gg_session_free(session)
         lib.gg_ctx_free(g.ctx)
+
+
+# the same kernel on the same values, only laid out differently: a kernel may sum in another
+# order on another layout, never by more than f32 roundoff over the row; a misread is O(1)
+FORWARD_RTOL = 1e-4
+
+
+def _forward_difference(on_layout, on_copy, ne):
+    """None when the two forwards agree (NaN where both are NaN), else the largest difference."""
+    same = (on_layout == on_copy) | (np.isnan(on_layout) & np.isnan(on_copy))
+    scale = max(float(np.nanmax(np.abs(on_copy))) if on_copy.size and not np.isnan(on_copy).all() else 0.0,
+                metrics.TINY)
+    with np.errstate(invalid="ignore"):
+        off = ~same & ~(np.abs(on_layout - on_copy) <= FORWARD_RTOL * scale)
+    if not off.any():
+        return None
+    i = int(np.argmax(np.where(off, np.nan_to_num(np.abs(on_layout - on_copy), nan=np.inf), -1.0)))
+    return (f"{int(off.sum())} of {off.size} output values differ, e.g. at {metrics.ggml_index(i, ne)}: "
+            f"{on_layout[i]:.6g} against {on_copy[i]:.6g}")
 
 
 def run_case(case, lib, phase=lambda name: None):
@@ -213,7 +242,16 @@ def run_case(case, lib, phase=lambda name: None):
 
     if laid_out_params(case.producer, {name: ne4(shape) for name, shape in case.params.items()}):
         enter(Phase.PRODUCER_FORWARD)
-        _forward_takes(case, lib, lines)
+        wrong = _forward_takes(case, lib, lines)
+        if wrong is not None:
+            # a verified bug, of the forward: the backward is neither checked nor blamed
+            result.kind = Diagnosis.FORWARD_WRONG_ON_LAYOUT
+            result.diagnosis = (f"the op's forward gives other values with its input through producer "
+                                f"'{case.producer}' than on a contiguous copy of the same input: {wrong}; the "
+                                "forward mishandles this layout, so the backward was not checked")
+            result.message = f"{case.id}: the forward is wrong on producer '{case.producer}'s layout"
+            enter(None)
+            return result.finish(Status.FAILED, Phase.PRODUCER_FORWARD, started=started)
 
     enter(Phase.BUILD_FORWARD)
     g = GraphBuilder(lib, case, n_tensors=graph_tensors(case, lines))

@@ -74,6 +74,7 @@ class Diagnosis(_Word):
     CONSUMER_FAILS = "consumer-fails"     # the consumer's own backward aborts or is wrong
     PRODUCER_FAILS = "producer-fails"     # the producer's own backward aborts or is wrong
     FORWARD_REJECTS_LAYOUT = "forward-rejects-layout"   # the op's forward asserts on the producer's layout
+    FORWARD_WRONG_ON_LAYOUT = "forward-wrong-on-layout"   # ... or gives other values on it than on a copy
     NUMERIC_UNRELIABLE = "numeric-unreliable"   # the finite differences are not evidence here
     INCONCLUSIVE = "inconclusive"         # fast mode: too little evidence to pass or to fail
     BROKEN_BUILD = "broken-build"         # the worker cannot load the library: no case can run

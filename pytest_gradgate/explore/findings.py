@@ -244,7 +244,8 @@ class KnownFailures:
 # one wrong backward shows as disagree or wrong positions depending on the draw; a wrong scale,
 # a wrong sign and a dropped gradient are other bugs
 _FAMILIES = {"wrong-positions": "misread", "disagree": "misread"}
-_REASON_FAMILIES = (("right values at wrong positions", "misread"), ("values disagree", "misread"),
+_REASON_FAMILIES = (("the forward mishandles this layout", "forward-wrong-on-layout"),
+                    ("right values at wrong positions", "misread"), ("values disagree", "misread"),
                     ("wrong scale", "wrong-scale"), ("wrong sign", "wrong-sign"), ("drops this gradient", "dropped"))
 
 
