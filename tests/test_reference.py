@@ -87,7 +87,8 @@ def test_same_verdict_and_maa_order_as_test_backend_ops(runs, runner, tbo):
     assert {r[0].split("(")[0] for r in rows} >= {"SQR", "SUM", "CONT", "MUL_MAT", "SIN", "ADD"}, table
     assert not disagreements, table
     assert len(flaky) <= 2, table   # flakiness is the exception; more would mean we excuse too much
-    # a real failure both agree on: SUM over a permuted param (ggml 0.15.3's SUM backward)
+    # a real failure both agree on: SUM over a permuted param (ggml 0.15.3's SUM forward misreads
+    # the permuted view: tests/test_producers.py)
     assert any(r[1] == "fail" and r[3] == "failed" and r[2] > 0.5 for r in rows), table
 
 
