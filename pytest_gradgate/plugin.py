@@ -114,7 +114,7 @@ def pytest_report_header(config):
 def _jobs_note(state):
     if state.settings["isolate"] == "none":     # in this process, one at a time
         return ""
-    jobs = state.jobs()
+    jobs = state.jobs
     return f"; {jobs} case{'s' if jobs > 1 else ''} at once (--gradgate-jobs)"
 
 

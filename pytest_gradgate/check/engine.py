@@ -211,10 +211,11 @@ def _forward_difference(on_layout, on_copy, ne):
     scale = max(float(np.nanmax(np.abs(on_copy))) if on_copy.size and not np.isnan(on_copy).all() else 0.0,
                 metrics.TINY)
     with np.errstate(invalid="ignore"):
-        off = ~same & ~(np.abs(on_layout - on_copy) <= FORWARD_RTOL * scale)
+        diff = np.abs(on_layout - on_copy)
+        off = ~same & ~(diff <= FORWARD_RTOL * scale)
     if not off.any():
         return None
-    i = int(np.argmax(np.where(off, np.nan_to_num(np.abs(on_layout - on_copy), nan=np.inf), -1.0)))
+    i = int(np.argmax(np.where(off, np.nan_to_num(diff, nan=np.inf), -1.0)))
     return (f"{int(off.sum())} of {off.size} output values differ, e.g. at {metrics.ggml_index(i, ne)}: "
             f"{on_layout[i]:.6g} against {on_copy[i]:.6g}")
 

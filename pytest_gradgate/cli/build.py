@@ -41,13 +41,18 @@ def _progress(text):
     print(f"gradgate: {text}", file=sys.stderr, flush=True)
 
 
-def run(args):
-    from pytest_gradgate.build.cmake import configure_only, ensure_build
+def source_from(args):
+    """The source --ggml-src names (the default when none); a bad one is a usage error."""
     from pytest_gradgate.build.source import resolve_source
     try:
-        source = resolve_source(args.ggml_src, option_name="--ggml-src")
+        return resolve_source(args.ggml_src, option_name="--ggml-src")
     except SourceError as exc:
         raise UsageError(str(exc)) from None
+
+
+def run(args):
+    from pytest_gradgate.build.cmake import configure_only, ensure_build
+    source = source_from(args)
     options = options_from(args)
     if args.configure_only:
         work = tempfile.mkdtemp(prefix="gradgate-configure-")

@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from pytest_gradgate.errors import SourceError, UsageError
+from pytest_gradgate.errors import UsageError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h)?\s*$")
 DEFAULT_DATABASE = ".hypothesis/gradgate-explore"
@@ -53,12 +53,9 @@ def resolve(args):
     """(source, library, baseline or None) for the arguments; usage errors for bad values."""
     from pytest_gradgate.build.cmake import ensure_build
     from pytest_gradgate.build.options import BuildOptions
-    from pytest_gradgate.build.source import resolve_source
+    from pytest_gradgate.cli.build import source_from
     from pytest_gradgate.gate import baseline as baseline_file
-    try:
-        source = resolve_source(args.ggml_src, option_name="--ggml-src")
-    except SourceError as exc:
-        raise UsageError(str(exc)) from None
+    source = source_from(args)
     path = args.baseline or (baseline_file.shipped_baseline(source.pinned) if source.pinned else None)
     baseline = baseline_file.Baseline.load(path) if path else None
     build = ensure_build(source.root, BuildOptions(), progress=_progress)

@@ -152,7 +152,7 @@ def _upcoming(item, state):
         if index is None or len(index) != len(session.items):
             index = session.gradgate_index = {id(it): i for i, it in enumerate(session.items)}
         at = index.get(id(item))
-        following = session.items[at + 1:at + 1 + 2 * state.jobs()] if at is not None else []
+        following = session.items[at + 1:at + 1 + 2 * state.jobs] if at is not None else []
     return [(it.nodeid, it.case) for it in following if isinstance(it, CaseItem) and
             it.get_closest_marker("skip") is None and it.get_closest_marker("skipif") is None]
 

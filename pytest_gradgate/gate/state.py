@@ -4,6 +4,7 @@ first case is about to run, never at collection), the runner and the results see
 Cheap to create: nothing here imports numpy, cffi, yaml or the engine until a case runs.
 """
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -79,14 +80,17 @@ class GateState:
 
     def runner(self):
         if self._runner is None:
-            from pytest_gradgate.isolation.parent import Runner
             build = self.ensure_build()
-            self._runner = Runner(build.library, isolate=self.settings["isolate"],
-                                  max_memory=self.settings["max_memory"], backtrace=self.settings["backtrace"],
-                                  timeout=self.settings["timeout"] or None)
+            self._runner = self._new_runner()
             self.build_facts = self._facts(build, self._runner.ggml_version())
         return self._runner
 
+    def _new_runner(self):
+        from pytest_gradgate.isolation.parent import Runner
+        return Runner(self.build.library, isolate=self.settings["isolate"], max_memory=self.settings["max_memory"],
+                      backtrace=self.settings["backtrace"], timeout=self.settings["timeout"] or None)
+
+    @functools.cached_property
     def jobs(self):
         """Cases run at once by this pytest process: --gradgate-jobs, else one per CPU it may
         use, at most DEFAULT_MAX_JOBS; one in an xdist worker (-n already runs a process per CPU)."""
@@ -110,10 +114,7 @@ class GateState:
             return runner.run(case)
         if self._ahead is None:
             from pytest_gradgate.gate.ahead import Ahead
-            from pytest_gradgate.isolation.parent import Runner
-            self._extra_runners = [Runner(runner.library, isolate=runner.isolate, max_memory=runner.max_memory,
-                                          backtrace=runner.backtrace, timeout=runner.timeout)
-                                   for _ in range(self.jobs() - 1)]
+            self._extra_runners = [self._new_runner() for _ in range(self.jobs - 1)]
             self._ahead = Ahead([runner, *self._extra_runners])
         if key is not None:
             self._ahead.submit(key, case)     # before the items after it
