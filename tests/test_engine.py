@@ -294,3 +294,16 @@ def test_a_loss_that_is_not_finite_at_the_inputs_takes_no_finite_differences(lib
     assert r.loss_value == float("inf")
     assert "the loss itself is not finite at these inputs (loss = inf" in r.diagnosis
     assert "no finite differences were taken and the backward was not checked" in r.diagnosis
+
+
+def test_the_halved_step_is_taken_where_the_comparison_disagrees(lib):
+    """test-backend-ops' silu case (inputs up to +-150, eps 15, sum loss): a step of 15 is wrong
+    only near 0, so only a few elements disagree. The halved step is taken there (at 67 of 512),
+    not at all 512 elements, and counted in evaluations_halved (bench/ divides by it). Whether
+    halving there decides as halving everywhere would: test_metrics.py."""
+    r = run_case(case("silu(a)", {"a": [32, 4, 2, 2]}, init={"a": [-150.0, 150.0]}, loss="sum", eps=15.0,
+                      stencil=2), lib)
+    assert r.status == "failed", r.diagnosis
+    p = r.params[0]
+    assert p["halved_step_checked"] is True and 0 < p["halved_step_elements"] < 512 // 4
+    assert r.evaluations == 2 * 512 and r.evaluations_halved == 2 * p["halved_step_elements"]

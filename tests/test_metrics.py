@@ -163,3 +163,65 @@ def test_worst_elements_are_reported_with_ggml_indices():
     m = metrics.compare(a, n, 1e-9, LIMIT, shape_ne=[4, 3, 2, 1])
     assert m["worst"][0]["index"] == [1, 0, 1, 0]       # 13 = 1 + 0*4 + 1*12
     assert m["worst"][0]["analytic"] == pytest.approx(a[13])
+
+
+# ---------------------------------------------------------------- the halved step, where it is taken
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from pytest_gradgate.check import reliability  # noqa: E402
+
+
+def _halving_everywhere(analytic, numeric, noise, gap, roundoff, max_maa, halved):
+    """The rule as it was: the step halved at every element, then the reliable part compared."""
+    unreliable = reliability.halved_step_disagrees(numeric, halved, gap, roundoff, max_maa)
+    return unreliable, reliability.reliable_part_passes(analytic, numeric, noise, unreliable, max_maa)[0]
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.integers(4, 40), st.integers(0, 2**32 - 1), st.floats(0.0, 1.0), st.floats(0.0, 1.0))
+def test_halving_first_where_it_disagrees_decides_as_halving_everywhere(n, seed, share_off, share_shaky):
+    """reliability.unreliable_elements takes the halved step first only where the comparison
+    disagrees. Its verdict is always that of halving everywhere, and where that passes (the case
+    becomes numeric-unreliable) it names the same elements. The draws mix elements that agree and
+    disagree, each moving with the step or not, so the second round (agreeing elements that move,
+    whose removal can turn a pass into a failure) is needed often. With the second round removed,
+    or the first one taken at elements above 2x max_maa, this test fails."""
+    rng = np.random.default_rng(seed)
+    max_maa = 1e-3
+    numeric = rng.uniform(-2, 2, n) + np.sign(rng.uniform(-1, 1, n)) * 0.1
+    off = rng.uniform(size=n) < share_off
+    analytic = numeric * (1 + np.where(off, rng.uniform(-0.05, 0.05, n), rng.uniform(-1e-4, 1e-4, n)))
+    noise = np.full(n, 1e-6)
+    gap = np.abs(numeric) * 1e-3
+    shaky = rng.uniform(size=n) < share_shaky
+    halved = numeric + np.where(shaky, np.abs(numeric) * 0.5, 0.0)
+    if not metrics.compare(analytic, numeric, noise, max_maa)["passed"]:   # the step is halved only on a failure
+        asked = []
+
+        def halved_at(idx):
+            asked.append(idx.size)
+            return halved[idx]
+        unreliable, taken, passes = reliability.unreliable_elements(analytic, numeric, noise, gap, 0.0, max_maa,
+                                                                    halved_at)
+        everywhere, passes_everywhere = _halving_everywhere(analytic, numeric, noise, gap, 0.0, max_maa, halved)
+        assert passes == passes_everywhere
+        assert taken == sum(asked) <= n
+        assert not (unreliable & ~everywhere).any()        # never an element the full rule would not name
+        if passes:
+            assert (unreliable == everywhere).all() and taken == n
+
+
+def test_a_failure_with_few_elements_off_halves_the_step_only_there():
+    """The saving itself: 3 of 1000 elements disagree, the rest agree; the step is halved at those 3."""
+    n = gradient(1000)
+    a = n.copy()
+    a[[10, 500, 900]] *= 1.5
+    asked = []
+
+    def halved_at(idx):
+        asked.append(idx.tolist())
+        return n[idx]
+    unreliable, taken, passes = reliability.unreliable_elements(a, n, np.full(n.size, 1e-7), np.zeros(n.size), 0.0,
+                                                                LIMIT, halved_at)
+    assert asked == [[10, 500, 900]] and taken == 3 and not passes and not unreliable.any()

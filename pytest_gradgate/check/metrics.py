@@ -55,6 +55,35 @@ def ggml_index(flat, shape_ne):
     return out
 
 
+def _asymmetries(a, n, noise):
+    """(kept, asymmetry, explained): the elements compared (not both zero within the noise),
+    and for each of them |a - n| / |a + n| and the part of it that its own numeric error can
+    explain. A gradient fails when the mean of what is left (maa - noise_maa) exceeds max_maa:
+    per element, so a few noisy elements (a kink, a tiny gradient) cannot hide a wrong scale on
+    all the others."""
+    keep = ~((np.abs(a) <= noise) & (np.abs(n) <= noise))
+    ak, nk, noisek = a[keep], n[keep], noise[keep]
+    denom = np.maximum(np.abs(ak + nk), TINY)
+    return keep, np.abs(ak - nk) / denom, np.minimum(np.abs(ak - nk), NOISE_FACTOR * noisek) / denom
+
+
+def excess(analytic, numeric, noise):
+    """Per element, its part in a failed comparison: the asymmetry its numeric error cannot
+    explain (compare() fails a gradient when the mean of these over the compared elements
+    exceeds max_maa); -inf where both sides are zero within the noise (not compared), +inf
+    where either side is not finite."""
+    a = np.asarray(analytic, dtype=np.float64).ravel()
+    n = np.asarray(numeric, dtype=np.float64).ravel()
+    noise = np.broadcast_to(np.asarray(noise, dtype=np.float64), a.shape)
+    out = np.full(a.size, np.inf)
+    finite = np.isfinite(a) & np.isfinite(n)
+    keep, asym, explained = _asymmetries(a[finite], n[finite], noise[finite])
+    part = np.full(int(finite.sum()), -np.inf)
+    part[keep] = asym - explained
+    out[finite] = part
+    return out
+
+
 def compare(analytic, numeric, noise, max_maa, shape_ne=None, n_worst=5):
     """Metrics for one gradient (flat arrays in logical order, i0 fastest)."""
     a = np.asarray(analytic, dtype=np.float64).ravel()
@@ -69,18 +98,11 @@ def compare(analytic, numeric, noise, max_maa, shape_ne=None, n_worst=5):
                    nonfinite_analytic=int(bad_a.sum()), nonfinite_numeric=int(bad_n.sum()),
                    first_nonfinite=ggml_index(int(np.argmax(bad_a | bad_n)), shape_ne), worst=[])
         return out
-    both_zero = (np.abs(a) <= noise) & (np.abs(n) <= noise)
-    if both_zero.any():
-        out["excluded"]["both zero within numeric noise"] = int(both_zero.sum())
-    keep = ~both_zero
-    ak, nk, noisek = a[keep], n[keep], noise[keep]
-    denom = np.maximum(np.abs(ak + nk), TINY)
-    asym = np.abs(ak - nk) / denom
+    keep, asym, explained = _asymmetries(a, n, noise)
+    if (~keep).any():
+        out["excluded"]["both zero within numeric noise"] = int((~keep).sum())
     maa = float(asym.mean()) if asym.size else 0.0
-    # the part of each element's asymmetry its own numeric error can explain; a case fails when
-    # what is left (maa - noise_maa) exceeds max_maa. Per element, so a few noisy elements
-    # (a kink, a tiny gradient) cannot hide a wrong scale on all the others.
-    noise_maa = float((np.minimum(np.abs(ak - nk), NOISE_FACTOR * noisek) / denom).mean()) if asym.size else 0.0
+    noise_maa = float(explained.mean()) if asym.size else 0.0
     na, nn = float(np.linalg.norm(a)), float(np.linalg.norm(n))
     cosine = float(a @ n / (na * nn)) if na > 0 and nn > 0 else (1.0 if na == nn else 0.0)
     err = np.abs(a - n)

@@ -21,6 +21,7 @@ from pytest_gradgate.check import metrics
 
 
 SERIES_RATIO = 0.25      # how much of the h^2 term the estimate may still move by when h is halved
+SUSPECT_SHARE = 0.5      # elements whose excess is above this share of max_maa are halved first
 
 
 def halved_step_disagrees(numeric_h, numeric_half, gap_h, roundoff, max_maa):
@@ -36,6 +37,34 @@ def halved_step_disagrees(numeric_h, numeric_half, gap_h, roundoff, max_maa):
     moved = np.abs(n_h - n_half)
     return ((moved > metrics.NOISE_FACTOR * roundoff) & (moved > max_maa * np.abs(n_h))
             & (moved > SERIES_RATIO * np.asarray(gap_h)))
+
+
+def unreliable_elements(analytic, numeric, noise, gap_h, roundoff, max_maa, halved_at):
+    """-> (unreliable mask, elements at which the halved step was taken, whether the reliable
+    part passes), exactly as halving the step at every element would decide, at less cost.
+
+    The halved step is taken first only where the comparison disagrees: at the elements whose
+    excess (metrics.excess) is above SUSPECT_SHARE of max_maa. If what is left once the
+    unreliable ones among them are removed still fails, it is taken nowhere else: every other
+    element has an excess below max_maa, and removing elements below the limit from a set whose
+    mean is above it leaves a mean above it, so no further removal could make it pass. Only when
+    it passes is the step halved at the rest too, and the verdict taken over all of them. (At
+    test-backend-ops' silu and softplus cases, eps 15 at 5,005 elements, the step is halved at
+    602 and 550 of them.)"""
+    numeric = np.asarray(numeric, dtype=np.float64).ravel()
+    gap_h = np.broadcast_to(np.asarray(gap_h, dtype=np.float64), numeric.shape)
+    suspect = metrics.excess(analytic, numeric, noise) > SUSPECT_SHARE * max_maa
+    unreliable = np.zeros(numeric.size, dtype=bool)
+    taken = 0
+    for where in (np.flatnonzero(suspect), np.flatnonzero(~suspect)):
+        if where.size:
+            unreliable[where] = halved_step_disagrees(numeric[where], halved_at(where), gap_h[where], roundoff,
+                                                      max_maa)
+            taken += where.size
+        passes, _ = reliable_part_passes(analytic, numeric, noise, unreliable, max_maa)
+        if not passes:
+            break
+    return unreliable, taken, passes
 
 
 def reliable_part_passes(analytic, numeric, noise, unreliable, max_maa):

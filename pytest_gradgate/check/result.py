@@ -38,6 +38,7 @@ class Result:
     # phase: what bench/ divides by (not in the reports)
     timings: dict = field(default_factory=dict)
     evaluations: int = 0
+    evaluations_halved: int = 0      # ... and those of the halved step, taken before a failure is blamed
     mode: str = "full"
     # equivalence cases (check/equivalence.py): the formulations, the forwards' comparisons
     # (one per pair), and the worst NMSE of a gradient against its roundoff limit
