@@ -307,3 +307,41 @@ def test_the_halved_step_is_taken_where_the_comparison_disagrees(lib):
     p = r.params[0]
     assert p["halved_step_checked"] is True and 0 < p["halved_step_elements"] < 512 // 4
     assert r.evaluations == 2 * 512 and r.evaluations_halved == 2 * p["halved_step_elements"]
+
+
+@pytest.mark.parametrize("stencil", [2, 4])
+def test_the_halved_estimate_is_the_one_a_whole_pass_at_half_the_step_gives(lib, stencil):
+    """The 4-point halved estimate evaluates only at +-h/4 and reuses g_half for its h/2 half; it
+    must be, to the bit, what a whole 4-point pass at h/2 gives, as must the 2-point one at h/2
+    (taken here at a few elements only, in another order). Using the h/4 central difference
+    without Richardson, or h/2 for the 4-point stencil, fails this."""
+    from pytest_gradgate.build import binding
+    from pytest_gradgate.check.engine import build_forward, graph_tensors, halved_estimate
+    from pytest_gradgate.declare.expr import parse_graph
+    c = case("exp(a)", {"a": [5, 3]}, eps=0.1, stencil=stencil)
+    lines = parse_graph(c.graph)
+    g = GraphBuilder(lib, c, graph_tensors(c, lines))
+    session = lib.gg_session_new(b"cpu", 1, g.ffi.new("char[256]"), 256)
+    try:
+        params, _, _, loss = build_forward(g, c, lines)
+        gf = lib.gg_graph_forward(g.ctx, loss, GRAPH_SIZE)
+        assert lib.gg_session_alloc(session, g.ctx)
+        for t, values in g.values:
+            write_tensor(g, t, values)
+        t, h = params["a"], 0.1
+        buf = lambda a: binding.ffi.from_buffer("double[]", a)    # noqa: E731
+        g_h, g_half, whole_h, whole_half = (np.empty(15) for _ in range(4))
+        precise = stencil == 4
+        assert lib.gg_numeric_grad(session, gf, t, loss, h, buf(g_h), buf(g_half) if precise else binding.ffi.NULL) == 0
+        assert lib.gg_numeric_grad(session, gf, t, loss, h / 2, buf(whole_h),
+                                   buf(whole_half) if precise else binding.ffi.NULL) == 0
+        whole = (4 * whole_half - whole_h) / 3 if precise else whole_h
+        if precise:
+            assert (whole_h == g_half).all()       # the h/2 half of the whole pass is g_half, to the bit
+        idx = np.array([14, 0, 7])
+        halved = halved_estimate(lib, session, gf, t, loss, h, g_half if precise else None, idx)
+        assert (halved == whole[idx]).all(), (halved, whole[idx])
+        assert not np.allclose(whole, (4 * g_half - g_h) / 3 if precise else g_h, rtol=1e-9, atol=0)
+    finally:
+        lib.gg_session_free(session)
+        lib.gg_ctx_free(g.ctx)

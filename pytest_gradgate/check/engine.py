@@ -409,18 +409,24 @@ def _numeric(g, session, gf, t, loss, case, analytic, loss_scale):
     def halved_at(idx):
         """The same estimate with half the step at elements idx (asked only before a failure is
         blamed, and first only where the comparison disagrees: reliability.unreliable_elements)."""
-        idx = np.ascontiguousarray(idx, dtype=np.int64)
-        central = np.empty(idx.size)
-        # 2-point: the central difference at h/2. 4-point: Richardson over h/2 and h/4, whose h/2
-        # half is g_half already (the same perturbed points, the same f32 roundings): only the
-        # evaluations at +-h/4 are new
-        step = h / 4 if precise else h / 2
-        _check_status(lib.gg_numeric_grad_at(session, gf, t, loss, step, ffi.from_buffer("int64_t[]", idx), idx.size,
-                                             ffi.from_buffer("double[]", central), ffi.NULL))
-        return (4 * central - g_half[idx]) / 3 if precise else central
+        return halved_estimate(lib, session, gf, t, loss, h, g_half, idx)
     roundoff = metrics.numeric_noise(loss_scale, h / 2, np.zeros(1), np.zeros(1) if precise else None)[0]
     return {"analytic": analytic, "numeric": numeric, "noise": noise, "halved_at": halved_at, "roundoff": roundoff,
             "gap": np.abs(numeric - g_h), "values": read_tensor(g, t), "evaluations": n * (4 if precise else 2)}
+
+
+def halved_estimate(lib, session, gf, t, loss, h, g_half, idx):
+    """The finite-difference estimate at elements idx with half the step h: the central
+    difference at h/2 (g_half None: the 2-point stencil), or the 4-point estimate over h/2 and
+    h/4. Its h/2 half is g_half already (the same perturbed points, the same f32 roundings), so
+    only the evaluations at +-h/4 are new: 2 per element, not 4."""
+    ffi = binding.ffi
+    idx = np.ascontiguousarray(idx, dtype=np.int64)
+    central = np.empty(idx.size)
+    step = h / 2 if g_half is None else h / 4
+    _check_status(lib.gg_numeric_grad_at(session, gf, t, loss, step, ffi.from_buffer("int64_t[]", idx), idx.size,
+                                         ffi.from_buffer("double[]", central), ffi.NULL))
+    return central if g_half is None else (4 * central - g_half[idx]) / 3
 
 
 def _check_status(st):
