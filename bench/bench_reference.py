@@ -14,8 +14,9 @@ threads axis, 3 threads by default).
 Printed: a table per op (cases, wall, cases/s, ratio ours/theirs in cases/s, > 1 means we are
 faster); then per case, medians over --repeat: the ratio with both sides' start-ups (theirs:
 process start and constructing its cases, once per op; ours: worker start and the first
-case, once per op), without them (theirs: its wall minus its start-up, measured per op with a
-filter that matches no case; ours: the Runner's wall after its workers are up), and per op
+case, once per op), without them (theirs: its wall minus its start-up, measured with a filter
+that matches no case just before and just after each timed run of the op; ours: the Runner's
+wall after its workers are up), and per op
 without them (geometric mean, worst op). The HEADLINE is the least flattering of the two
 "without" figures. Then per evaluation, on the full-mode cases: a bare ggml_graph_compute of
 the same forward graph (the shim's gg_bare_compute_seconds: plan made once, one thread,
@@ -104,7 +105,8 @@ def _run_ours_child(spec_path):
             # what the engine's own clock says (inside the child): for the per-evaluation figures
             # (getattr: the bench also times an older engine, for before-and-after figures)
             out["per_case"].append({"duration": r.duration, "numeric_s": getattr(r, "timings", {}).get("numeric", 0.0),
-                                    "evaluations": getattr(r, "evaluations", 0), "status": str(r.status)})
+                                    "evaluations": getattr(r, "evaluations", 0),
+                                    "evaluations_halved": getattr(r, "evaluations_halved", 0), "status": str(r.status)})
     finally:
         for r in runners:
             r.close()
@@ -195,15 +197,17 @@ def bare_forward_seconds(case, lib, budget_s=0.05):
 
 
 def per_evaluation(cases, per_case, library):
-    """(numeric loop s / evaluation, whole engine s / evaluation, bare compute s / evaluation,
-    cases counted), summed over the full-mode cases that got through their numeric phase,
-    each case's bare time weighted by its evaluations."""
+    """{numeric, engine, bare: seconds per evaluation of the numeric loop, of the whole engine,
+    of a bare compute; counted: cases; halved: the halved step's evaluations; engine_all_ratio:
+    the whole engine's time against a bare compute of every evaluation, the halved step's too},
+    summed over the full-mode cases that got through their numeric phase, each case's bare time
+    weighted by its evaluations (per evaluation: those the stencil needs)."""
     from pytest_gradgate.build import binding
     lib = binding.load(library)
     if not hasattr(lib, "gg_bare_compute_seconds"):
         return None
-    numeric = engine = bare = 0.0
-    evaluations = counted = 0
+    numeric = engine = bare = bare_halved = 0.0
+    evaluations = halved = counted = 0
     for case, timing in zip(cases, per_case):
         if case.mode != "full" or not timing["evaluations"] or not timing["numeric_s"]:
             continue
@@ -213,11 +217,14 @@ def per_evaluation(cases, per_case, library):
         numeric += timing["numeric_s"]
         engine += timing["duration"]
         bare += per_eval * timing["evaluations"]
+        bare_halved += per_eval * timing.get("evaluations_halved", 0)
         evaluations += timing["evaluations"]
+        halved += timing.get("evaluations_halved", 0)
         counted += 1
     if not evaluations:
         return None
-    return numeric / evaluations, engine / evaluations, bare / evaluations, counted
+    return {"numeric": numeric / evaluations, "engine": engine / evaluations, "bare": bare / evaluations,
+            "counted": counted, "halved": halved, "engine_all_ratio": engine / (bare + bare_halved)}
 
 
 def pytest_start_to_first_case(tmp):
@@ -335,23 +342,21 @@ def _bench(args):
     if not selected:
         raise GradgateError(f"--ops {args.ops}: no comparable test-backend-ops grad case for these ops "
                             "(names as test-backend-ops writes them, e.g. SQR,MUL_MAT)")
-    # its start-up per op (process start, constructing its cases, none run): the median of 3
-    # runs with a filter that matches no case, subtracted from that op's wall for "without"
-    tbo_startups = {op: statistics.median(run_tbo(ref.binary, op, params="^$")[0].wall_s for _ in range(3))
-                    for op in selected}
-    tbo_startup_mean = statistics.fmean(tbo_startups.values())
-    print(f"test-backend-ops start-up per op (constructing its cases, no case run): median over ops "
-          f"{statistics.median(tbo_startups.values()):.2f} s (from {min(tbo_startups.values()):.2f} to "
-          f"{max(tbo_startups.values()):.2f} s)")
-
     rows = {op: [] for op in selected}
     peaks = {"tbo": 0, "ours": 0}
     startups = []
     startups_by_op = {op: [] for op in selected}
     timings_by_op = {}
+    # test-backend-ops' start-up per op (process start, constructing its cases, none run), taken
+    # with a filter that matches no case right before and right after each of its timed runs,
+    # and their mean subtracted from that run's wall for "without": the machine's load drifts,
+    # and a start-up measured once up front swung the per-case figure by 1.7x between runs
+    tbo_startups = {op: [] for op in selected}
     for rep in range(args.repeat):
         for op, picked in selected.items():
+            before = run_tbo(ref.binary, op, params="^$")[0].wall_s
             tbo_run, tbo_peak = run_tbo(ref.binary, op, params=params_regex([c.vars for c in picked]))
+            tbo_startups[op].append((before + run_tbo(ref.binary, op, params="^$")[0].wall_s) / 2)
             ran = [c for c in tbo_run.cases if c.status in ("ok", "fail", "crashed")]
             cases = [reference.to_case(c) for c in ran if reference.to_case(c) is not None]
             ours, ours_peak = run_ours(cases, build.library, args.jobs)
@@ -363,6 +368,11 @@ def _bench(args):
             rows[op].append({"tbo_n": len(ran), "tbo_s": tbo_run.wall_s, "ours_n": len(cases),
                              "ours_s": ours["wall_s"], "statuses": ours["statuses"]})
 
+    every_startup = [v for values in tbo_startups.values() for v in values]
+    tbo_startup_mean = statistics.fmean(every_startup)
+    print(f"test-backend-ops start-up per op (constructing its cases, no case run; the mean of one run just before "
+          f"and one just after each timed run): median {statistics.median(every_startup):.2f} s (from "
+          f"{min(every_startup):.2f} to {max(every_startup):.2f} s)")
     print()
     print(f"{'op':10s} {'cases':>5s} | {'tbo s':>7s} {'cases/s':>8s} | {'ours s':>7s} {'cases/s':>8s} | "
           f"{'ratio':>6s} {'median':>6s}")
@@ -411,14 +421,17 @@ def _bench(args):
         print("per evaluation: not measured (this engine reports no evaluations, or its library has no "
               "gg_bare_compute_seconds)")
     else:
-        numeric_s, engine_s, bare_s, counted = evals
+        numeric_s, engine_s, bare_s, counted = evals["numeric"], evals["engine"], evals["bare"], evals["counted"]
         print(f"per evaluation (forward graph with its loss, {counted} full-mode cases, weighted by their evaluations): "
               f"bare ggml_graph_compute {bare_s * 1e6:.1f} us (plan made once, 1 thread, nothing written or read); "
               f"our numeric loop {numeric_s * 1e6:.1f} us = {numeric_s / bare_s:.2f}x (perturb, compute, read the loss, "
               f"its Python call); our whole engine per evaluation {engine_s * 1e6:.1f} us = {engine_s / bare_s:.2f}x "
               f"(graphs, allocation, backward, power probe, self-check, compare: everything inside the child)")
+        print(f"  the same over every evaluation taken, those of the halved step on failures too "
+              f"({evals['halved']} of them, beyond the stencil's): {evals['engine_all_ratio']:.2f}x")
         print(f"HEADLINE per evaluation: {engine_s / bare_s:.2f}x a bare ggml_graph_compute (the whole engine's time "
-              f"over its evaluations; the numeric loop alone {numeric_s / bare_s:.2f}x; goal: at most 1.2x)")
+              f"over the evaluations its stencil needs; the numeric loop alone {numeric_s / bare_s:.2f}x; "
+              f"goal: at most 1.2x)")
     tbo_per_case = total["tbo_s"] / max(total["tbo_n"], 1)
     print(f"peak memory (max RSS of the process tree): test-backend-ops {peaks['tbo'] / 1024:.0f} MiB, "
           f"ours {peaks['ours'] / 1024:.0f} MiB (bench child + workers + forked cases)")
@@ -456,7 +469,8 @@ def speed_ratios(rows, tbo_startups, startups_by_op):
     median over the repetitions: 'with' both sides' start-ups once per op, 'without' neither;
     per op without start-ups, their geometric mean and the worst op. An op whose wall is within
     RESOLVABLE_S of its start-up counts as no time at all in 'without' (the least flattering
-    reading) and is left out of the per-op figures ('unresolved' counts them)."""
+    reading) and is left out of the per-op figures ('unresolved' counts them). tbo_startups and
+    startups_by_op: per op, one start-up per repetition."""
     n_reps = min(len(r) for r in rows.values())
     with_s, without_s, tbo_ms, ours_ms = [], [], [], []
     per_op = {op: [] for op in rows}
@@ -465,14 +479,14 @@ def speed_ratios(rows, tbo_startups, startups_by_op):
         ours_n = sum(r[k]["ours_n"] for r in rows.values())
         tbo_s = sum(r[k]["tbo_s"] for r in rows.values())
         ours_s = sum(r[k]["ours_s"] for r in rows.values())
-        tbo_net = sum(max(r[k]["tbo_s"] - tbo_startups[op], 0.0) for op, r in rows.items())
+        tbo_net = sum(max(r[k]["tbo_s"] - tbo_startups[op][k], 0.0) for op, r in rows.items())
         ours_start = sum(startups_by_op[op][k] for op in rows)
         with_s.append((ours_n / (ours_s + ours_start)) / (tbo_n / tbo_s))
         without_s.append((ours_n / ours_s) / (tbo_n / tbo_net) if tbo_net > 0 else 0.0)
         tbo_ms.append(tbo_net / tbo_n * 1e3)
         ours_ms.append(ours_s / ours_n * 1e3)
         for op, r in rows.items():
-            net = r[k]["tbo_s"] - tbo_startups[op]
+            net = r[k]["tbo_s"] - tbo_startups[op][k]
             per_op[op].append((r[k]["ours_n"] / r[k]["ours_s"]) / (r[k]["tbo_n"] / net)
                               if net > RESOLVABLE_S and r[k]["ours_s"] > 0 else None)
     op_median = {op: statistics.median(v) for op, v in per_op.items() if None not in v}

@@ -30,7 +30,7 @@ def test_speed_ratios_take_start_ups_out_per_op_and_name_the_worst_op():
     # op B: theirs 0.6 s with 0.5 s start-up for 1 case, ours 0.2 s
     rows = {"A": [{"tbo_n": 10, "tbo_s": 1.0, "ours_n": 10, "ours_s": 0.25}],
             "B": [{"tbo_n": 1, "tbo_s": 0.6, "ours_n": 1, "ours_s": 0.2}]}
-    f = bench_reference.speed_ratios(rows, {"A": 0.5, "B": 0.5}, {"A": [0.25], "B": [0.25]})
+    f = bench_reference.speed_ratios(rows, {"A": [0.5], "B": [0.5]}, {"A": [0.25], "B": [0.25]})
     assert f["without"] == pytest.approx((11 / 0.45) / (11 / 0.6))       # 0.6 s of their work, not 1.6 s
     assert f["with"] == pytest.approx((11 / 0.95) / (11 / 1.6))
     assert f["worst_op"] == "B" and f["worst"] == pytest.approx((1 / 0.2) / (1 / 0.1))
@@ -39,7 +39,7 @@ def test_speed_ratios_take_start_ups_out_per_op_and_name_the_worst_op():
     assert f["unresolved"] == 0
     # an op all start-up (its wall within noise of it) is left out per op, and costs them nothing overall
     rows["C"] = [{"tbo_n": 2, "tbo_s": 0.5, "ours_n": 2, "ours_s": 0.1}]
-    f = bench_reference.speed_ratios(rows, {"A": 0.5, "B": 0.5, "C": 0.5}, {"A": [0.25], "B": [0.25], "C": [0.1]})
+    f = bench_reference.speed_ratios(rows, {"A": [0.5], "B": [0.5], "C": [0.5]}, {"A": [0.25], "B": [0.25], "C": [0.1]})
     assert f["unresolved"] == 1 and f["worst_op"] == "B"
     assert f["without"] == pytest.approx((13 / 0.55) / (13 / 0.6))
 
@@ -58,10 +58,11 @@ def test_bare_compute_time_grows_with_the_graph_and_the_engine_counts_its_evalua
     result = run_case(small, lib)
     assert result.status == "passed"
     assert result.evaluations == 4 * 4 and result.timings["numeric"] > 0
-    numeric_s, engine_s, bare_s, counted = bench_reference.per_evaluation(
+    evals = bench_reference.per_evaluation(
         [small], [{"duration": result.duration, "numeric_s": result.timings["numeric"],
                    "evaluations": result.evaluations, "status": str(result.status)}], default_build.library)
-    assert counted == 1 and 0 < bare_s and numeric_s <= engine_s
+    assert evals["counted"] == 1 and 0 < evals["bare"] and evals["numeric"] <= evals["engine"]
+    assert evals["halved"] == 0 and evals["engine_all_ratio"] == pytest.approx(evals["engine"] / evals["bare"])
 
 
 def test_bench_reference_prints_both_ratios_and_the_per_evaluation_figure(default_build):
