@@ -6,7 +6,7 @@ import pytest
 
 from pytest_gradgate.build.cmake import BuildOptions, ensure_build
 from pytest_gradgate.declare.case import Case
-from pytest_gradgate.check.engine import GRAPH_SIZE, GraphBuilder, read_tensor, run_case, write_tensor
+from pytest_gradgate.check.engine import GraphBuilder, read_tensor, run_case, write_tensor
 from pytest_gradgate.isolation.parent import Runner
 from ggml_variants import replace_once
 from pytest_gradgate.build.source import copy_tree
@@ -70,8 +70,8 @@ def test_a_gradient_that_is_a_view_is_read_through_its_strides(lib):
         a = g.new_tensor([4, 3], name="a")
         lib.ggml_set_param(a)
         loss = lib.ggml_sum(g.ctx, lib.ggml_sqr(g.ctx, lib.ggml_cont(g.ctx, lib.ggml_transpose(g.ctx, a))))
-        gf = lib.gg_graph_forward(g.ctx, loss, GRAPH_SIZE)
-        gb = lib.gg_graph_backward(g.ctx, gf, GRAPH_SIZE)
+        gf = g.forward_graph(loss)
+        gb = g.backward_graph(gf)
         grad = lib.ggml_graph_get_grad(gb, a)
         ne, nb = g.layout(grad)
         assert g.ffi.string(lib.gg_tensor_op_name(grad)) == b"TRANSPOSE"
@@ -89,7 +89,7 @@ def test_a_gradient_that_is_a_view_is_read_through_its_strides(lib):
     finally:
         if session is not None:
             lib.gg_session_free(session)
-        lib.gg_ctx_free(g.ctx)
+        g.free()
 
 
 # ---------------------------------------------------------------- stencils
@@ -324,7 +324,7 @@ def test_the_halved_estimate_is_the_one_a_whole_pass_at_half_the_step_gives(lib,
     session = lib.gg_session_new(b"cpu", 1, g.ffi.new("char[256]"), 256)
     try:
         params, _, _, loss = build_forward(g, c, lines)
-        gf = lib.gg_graph_forward(g.ctx, loss, GRAPH_SIZE)
+        gf = g.forward_graph(loss)
         assert lib.gg_session_alloc(session, g.ctx)
         for t, values in g.values:
             write_tensor(g, t, values)
@@ -344,4 +344,14 @@ def test_the_halved_estimate_is_the_one_a_whole_pass_at_half_the_step_gives(lib,
         assert not np.allclose(whole, (4 * g_half - g_h) / 3 if precise else g_h, rtol=1e-9, atol=0)
     finally:
         lib.gg_session_free(session)
-        lib.gg_ctx_free(g.ctx)
+        g.free()
+
+
+def test_a_graph_of_the_most_ops_a_case_may_have_is_not_full(runner):
+    """Graphs are sized by the case's tensor budget (GraphBuilder), not by a fixed size: a case of
+    MAX_OPS op calls (a chain of mul and add, 498 calls, about 2,500 nodes with its backward)
+    passes. A full graph aborts the child; sized at 512 this case crashes."""
+    from pytest_gradgate.declare.expr import MAX_OPS
+    lines = ["x0 = mul(a, b)"] + [f"x{i} = add(mul(x{i - 1}, b), a)" for i in range(1, MAX_OPS // 2 - 1)]
+    r = runner.run(case("\n".join(lines), {"a": [2], "b": [2]}, threads=1))
+    assert r.status == "passed", (r.status, r.message, r.stderr_tail[-500:])

@@ -22,7 +22,8 @@ from pytest_gradgate.ops.table import ne4
 from pytest_gradgate.check.outcome import STRIDE_SUSPECTS, Diagnosis, Phase, Status
 from pytest_gradgate.check.result import Result
 
-GRAPH_SIZE = 4096
+# Room in a graph beyond the tensors its context can hold (see GraphBuilder).
+GRAPH_SLACK = 16
 
 
 class GraphBuilder:
@@ -32,11 +33,32 @@ class GraphBuilder:
         self.lib = lib
         self.ffi = binding.ffi
         self.case = case
-        self.ctx = lib.gg_ctx_new(n_tensors, GRAPH_SIZE)
-        if self.ctx == binding.ffi.NULL:
+        # Tensors in self.ctx, graphs in a context of their own. A graph's nodes and leafs are
+        # tensors of self.ctx, which holds n_tensors (and a few more in the room it keeps for
+        # graphs it never makes), so a graph of n_tensors + GRAPH_SLACK is never full (a full
+        # graph aborts: a crash that would be blamed on the op). In one context the graphs'
+        # room, unused, could hold more tensors than any such size; and the fixed 4096 it had
+        # made every case fault in ~0.5 MB of hash arrays it never used (120 page faults,
+        # 1.5-2 ms per small case in a forked child).
+        self.graph_size = n_tensors + GRAPH_SLACK
+        self.ctx = lib.gg_ctx_new(n_tensors, 0)
+        self.graph_ctx = lib.gg_ctx_new(0, self.graph_size)     # room for 4 graphs
+        if self.ctx == binding.ffi.NULL or self.graph_ctx == binding.ffi.NULL:
+            self.free()
             raise MemoryError("ggml_init failed")
         self.rng = np.random.default_rng(case.seed)
         self.values = []          # (tensor, numpy array) written after allocation
+
+    def forward_graph(self, loss):
+        return self.lib.gg_graph_forward(self.graph_ctx, loss, self.graph_size)
+
+    def backward_graph(self, gf):
+        return self.lib.gg_graph_backward(self.graph_ctx, self.ctx, gf, self.graph_size)
+
+    def free(self):
+        for ctx in (self.ctx, self.graph_ctx):
+            if ctx != binding.ffi.NULL:
+                self.lib.gg_ctx_free(ctx)
 
     def layout(self, t):
         ne = self.ffi.new("int64_t[4]")
@@ -183,8 +205,8 @@ def _forward_takes(case, lib, lines):
         y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p))
         copies = {name: (lib.ggml_cont(g.ctx, t) if name in laid_out else t) for name, t in leaves.items()}
         y_copy = walk(lines, copies, lambda spec, tensors, p: spec.build(g, tensors, p))
-        gf = lib.gg_graph_forward(g.ctx, LOSSES[case.loss].build(g, g.contiguous(y)), GRAPH_SIZE)
-        gf_copy = lib.gg_graph_forward(g.ctx, LOSSES[case.loss].build(g, g.contiguous(y_copy)), GRAPH_SIZE)
+        gf = g.forward_graph(LOSSES[case.loss].build(g, g.contiguous(y)))
+        gf_copy = g.forward_graph(LOSSES[case.loss].build(g, g.contiguous(y_copy)))
         err = g.ffi.new("char[256]")
         session = lib.gg_session_new(case.backend.encode(), 1, err, 256)
         if session == g.ffi.NULL or not lib.gg_session_alloc(session, g.ctx):
@@ -198,7 +220,7 @@ def _forward_takes(case, lib, lines):
     finally:
         if session is not None and session != g.ffi.NULL:
             lib.gg_session_free(session)
-        lib.gg_ctx_free(g.ctx)
+        g.free()
 
 
 # the same kernel on the same values, only laid out differently: a kernel may sum in another
@@ -286,8 +308,8 @@ def run_case(case, lib, phase=lambda name: None):
                 return result.finish(Status.CONSUMER_FAILED, Phase.CONSUMER_CHECK, started=started)
 
         enter(Phase.BUILD_BACKWARD)
-        gf = lib.gg_graph_forward(g.ctx, loss, GRAPH_SIZE)
-        gb = lib.gg_graph_backward(g.ctx, gf, GRAPH_SIZE)
+        gf = g.forward_graph(loss)
+        gb = g.backward_graph(gf)
         grads = {name: lib.ggml_graph_get_grad(gb, t) for name, t in params.items()}
         probe = _PowerProbe(g, y, gb, params)
 
@@ -341,7 +363,7 @@ def run_case(case, lib, phase=lambda name: None):
         enter(None)
         if session is not None and session != g.ffi.NULL:
             lib.gg_session_free(session)
-        lib.gg_ctx_free(g.ctx)
+        g.free()
 
 
 def _nonfinite_loss(result, case, loss_value, analytic, started):
@@ -372,7 +394,7 @@ class _PowerProbe:
             return
         self.weights = g.new_tensor(self.ne, name="__power_weights")
         probe_loss = lib.ggml_sum(g.ctx, lib.ggml_mul(g.ctx, g.contiguous(y), self.weights))
-        self.graph = lib.gg_graph_backward(g.ctx, lib.gg_graph_forward(g.ctx, probe_loss, GRAPH_SIZE), GRAPH_SIZE)
+        self.graph = g.backward_graph(g.forward_graph(probe_loss))
         self.grads = {name: lib.ggml_graph_get_grad(self.graph, t) for name, t in params.items()}
 
     def predictions(self, session):

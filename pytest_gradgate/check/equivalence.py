@@ -25,7 +25,7 @@ from itertools import combinations
 import numpy as np
 
 from pytest_gradgate.check import gradsets, roundoff
-from pytest_gradgate.check.engine import GRAPH_SIZE, GraphBuilder, build_leaves, graph_tensors, read_tensor, write_tensor
+from pytest_gradgate.check.engine import GraphBuilder, build_leaves, graph_tensors, read_tensor, write_tensor
 from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
 from pytest_gradgate.check.result import Result
 from pytest_gradgate.declare.expr import parse_graph
@@ -55,8 +55,8 @@ def compute_formulation(case, lib, label, graph, phase):
         z = g.contiguous(CONSUMERS[case.consumer].build(g, y))
         loss = LOSSES[case.loss].build(g, z)
         phase(Phase.BUILD_BACKWARD)
-        gf = lib.gg_graph_forward(g.ctx, loss, GRAPH_SIZE)
-        gb = lib.gg_graph_backward(g.ctx, gf, GRAPH_SIZE)
+        gf = g.forward_graph(loss)
+        gb = g.backward_graph(gf)
         grads = {name: lib.ggml_graph_get_grad(gb, t) for name, t in params.items()}
         phase(Phase.COMPUTE)
         err = g.ffi.new("char[256]")
@@ -86,7 +86,7 @@ def compute_formulation(case, lib, label, graph, phase):
     finally:
         if session is not None and session != g.ffi.NULL:
             lib.gg_session_free(session)
-        lib.gg_ctx_free(g.ctx)
+        g.free()
 
 
 def run_case(case, lib, phase=lambda name: None):

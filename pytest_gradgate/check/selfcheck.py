@@ -107,7 +107,7 @@ def _carries(case, lib, make_input, chain, n_threads):
     """Run param -> (view) -> chain -> loss; None when its backward matches the finite
     differences along N_DIRECTIONS directions, else why not."""
     from pytest_gradgate.check import directional
-    from pytest_gradgate.check.engine import GRAPH_SIZE, GraphBuilder, make_values, read_tensor, write_tensor
+    from pytest_gradgate.check.engine import GraphBuilder, make_values, read_tensor, write_tensor
 
     g = GraphBuilder(lib, case, n_tensors=256)
     session = None
@@ -116,8 +116,8 @@ def _carries(case, lib, make_input, chain, n_threads):
         lib.ggml_set_param(x)
         z = g.contiguous(chain(g, y))
         loss = LOSSES[case.loss].build(g, z)
-        gf = lib.gg_graph_forward(g.ctx, loss, GRAPH_SIZE)
-        gb = lib.gg_graph_backward(g.ctx, gf, GRAPH_SIZE)
+        gf = g.forward_graph(loss)
+        gb = g.backward_graph(gf)
         grad = lib.ggml_graph_get_grad(gb, x)
         err = g.ffi.new("char[256]")
         session = lib.gg_session_new(case.backend.encode(), n_threads, err, 256)
@@ -144,4 +144,4 @@ def _carries(case, lib, make_input, chain, n_threads):
     finally:
         if session is not None and session != g.ffi.NULL:
             lib.gg_session_free(session)
-        lib.gg_ctx_free(g.ctx)
+        g.free()

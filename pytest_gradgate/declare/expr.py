@@ -14,7 +14,7 @@ from pytest_gradgate.errors import CaseError
 # a graph line longer than this is not a hand-written case: refused before Python's parser
 # sees it (a 100,000-term line exhausts its recursion limit or the memory)
 MAX_LINE_CHARS = 4000
-MAX_OPS = 500               # op calls in a whole graph; forward and backward share GRAPH_SIZE nodes
+MAX_OPS = 500               # op calls in a whole graph (each makes up to 64 tensors: engine.graph_tensors)
 SHOWN_CHARS = 80            # how much of an expression an error message echoes
 
 

@@ -22,7 +22,9 @@ const char * gg_tensor_op_name(const struct ggml_tensor * t);
 
 /* graphs */
 struct ggml_cgraph * gg_graph_forward(struct ggml_context * ctx, struct ggml_tensor * loss, size_t graph_size);
-struct ggml_cgraph * gg_graph_backward(struct ggml_context * ctx, struct ggml_cgraph * gf, size_t graph_size);
+// gb in graph_ctx, the gradients' tensors in ctx
+struct ggml_cgraph * gg_graph_backward(struct ggml_context * graph_ctx, struct ggml_context * ctx, struct ggml_cgraph * gf,
+                                       size_t graph_size);
 int gg_graph_n_nodes(struct ggml_cgraph * g);
 
 /* a session owns one backend and the buffer holding one context's tensors */

@@ -54,8 +54,9 @@ struct ggml_cgraph * gg_graph_forward(struct ggml_context * ctx, struct ggml_ten
     return gf;
 }
 
-struct ggml_cgraph * gg_graph_backward(struct ggml_context * ctx, struct ggml_cgraph * gf, size_t graph_size) {
-    struct ggml_cgraph * gb = ggml_new_graph_custom(ctx, graph_size, true);
+struct ggml_cgraph * gg_graph_backward(struct ggml_context * graph_ctx, struct ggml_context * ctx, struct ggml_cgraph * gf,
+                                       size_t graph_size) {
+    struct ggml_cgraph * gb = ggml_new_graph_custom(graph_ctx, graph_size, true);
     ggml_graph_cpy(gf, gb);
     ggml_build_backward_expand(ctx, gb, NULL);
     return gb;
