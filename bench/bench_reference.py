@@ -9,7 +9,9 @@ the first op without a backward), its cases that ran are translated into our Cas
 sides run exactly those cases: test-backend-ops filtered with -p to them, we through the
 Runner with fork-per-case isolation in a child process (--jobs workers in parallel, as
 test-backend-ops uses every core for each graph; each case's analytic backward on its
-threads axis, 3 threads by default).
+threads axis, 3 threads by default; its finite differences on one thread per forward, a big
+case's over lanes, copies of its graph: check/lanes.py). Per evaluation, a case on lanes
+counts its lanes' busy seconds, not the wall time they share.
 
 Printed: a table per op (cases, wall, cases/s, ratio ours/theirs in cases/s, > 1 means we are
 faster); then per case, medians over --repeat: the ratio with both sides' start-ups (theirs:
@@ -104,7 +106,9 @@ def _run_ours_child(spec_path):
             out["statuses"][r.status] = out["statuses"].get(r.status, 0) + 1
             # what the engine's own clock says (inside the child): for the per-evaluation figures
             # (getattr: the bench also times an older engine, for before-and-after figures)
-            out["per_case"].append({"duration": r.duration, "numeric_s": getattr(r, "timings", {}).get("numeric", 0.0),
+            timings = getattr(r, "timings", {})
+            out["per_case"].append({"duration": r.duration, "numeric_s": timings.get("numeric", 0.0),
+                                    "numeric_lane_s": timings.get("numeric-lane-seconds"), "lanes": getattr(r, "lanes", 1),
                                     "evaluations": getattr(r, "evaluations", 0),
                                     "evaluations_halved": getattr(r, "evaluations_halved", 0), "status": str(r.status)})
     finally:
@@ -219,8 +223,11 @@ def per_evaluation(cases, per_case, library):
         per_eval = bare_forward_seconds(case, lib)
         if per_eval is None:
             continue
-        numeric += timing["numeric_s"]
-        engine += timing["duration"]
+        # per evaluation, time is each evaluation's own: over lanes (check/lanes.py), the
+        # lanes' busy seconds, not the phase's wall time, which they share
+        lane_s = timing.get("numeric_lane_s")
+        numeric += lane_s if lane_s is not None else timing["numeric_s"]
+        engine += timing["duration"] + (lane_s - timing["numeric_s"] if lane_s is not None else 0.0)
         bare += per_eval * timing["evaluations"]
         bare_halved += per_eval * timing.get("evaluations_halved", 0)
         evaluations += timing["evaluations"]
@@ -412,8 +419,8 @@ def _bench(args):
           f"of their start-up (counted as taking no time in 'without')")
     print(f"  what each side runs: test-backend-ops grad on CPU, {os.cpu_count()} threads per graph, one op per "
           f"process; ours: isolate=case (a forked child per case), {args.jobs} worker(s) in parallel, each case's "
-          f"analytic backward on its threads axis ({DEFAULT_THREADS} threads), the finite-difference forwards on 1, "
-          f"power probe and checks included")
+          f"analytic backward on its threads axis ({DEFAULT_THREADS} threads), the finite-difference forwards on 1 "
+          f"thread each, a big case's over 2 lanes (copies of its graph), power probe and checks included")
     headline, which = min(((figures["without"], "all cases, without start-ups"),
                            (figures["geomean"], "geometric mean over ops, without start-ups")),
                           key=lambda f: f[0] if math.isfinite(f[0]) else math.inf)

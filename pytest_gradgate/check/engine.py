@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from pytest_gradgate.build import binding
-from pytest_gradgate.check import directional, metrics, power, reliability, selfcheck
+from pytest_gradgate.check import directional, lanes, metrics, power, reliability, selfcheck
 from pytest_gradgate.ops.consumers import CONSUMERS
 from pytest_gradgate.ops.producers import PRODUCERS, laid_out_params
 from pytest_gradgate.declare.expr import main_op, ops_used, parse_graph
@@ -280,6 +280,7 @@ def run_case(case, lib, phase=lambda name: None):
     enter(Phase.BUILD_FORWARD)
     g = GraphBuilder(lib, case, n_tensors=graph_tensors(case, lines))
     session = None
+    extra_lanes = []
     try:
         declared, laid_out, params, shapes, y = _build_forward(g, case, lines)
         # an op whose output is a view (transpose, permute) would reach the loss's sqr kernel
@@ -347,12 +348,24 @@ def run_case(case, lib, phase=lambda name: None):
         loss_scale = LOSSES[case.loss].scale(g, z, loss_value, lambda t: read_tensor(g, t))
 
         # the forwards of the finite differences on one: the reference must not share the bug
+        # (a big case's are spread over lanes, copies of the graph each on one thread: lanes.py)
         lib.gg_session_set_n_threads(session, 1)
+        needed = sum(int(np.prod(shapes[name])) * case.stencil for name in params)
+        for _ in range(lanes.wanted(case, lib, session, gf, needed) - 1):
+            try:
+                extra_lanes.append(lanes.Lane(lib, case, lines, graph_tensors(case, lines)))
+            except (MemoryError, lanes.LaneUnavailable):
+                break       # the lanes made so far take every element
+            if not all(extra_lanes[-1].same_values(name, read_tensor(g, t)) for name, t in params.items()):
+                raise RuntimeError("a lane's copy of the graph holds other values than the case's")
+        result.lanes = 1 + len(extra_lanes)
         enter(Phase.NUMERIC)
         checks = {}
         for name, t in params.items():
-            checks[name] = _numeric(g, session, gf, t, loss, case, analytic[name], loss_scale)
+            checks[name] = _numeric(g, session, gf, t, loss, case, analytic[name], loss_scale, extra_lanes, name)
             result.evaluations += checks[name].get("evaluations", 0)
+            if "lane_seconds" in checks[name]:
+                timings["numeric-lane-seconds"] = timings.get("numeric-lane-seconds", 0.0) + checks[name]["lane_seconds"]
 
         enter(Phase.COMPARE)
         predictions = probe.predictions(session)
@@ -361,6 +374,8 @@ def run_case(case, lib, phase=lambda name: None):
         return result.finish(result.status, Phase.DONE, started=started)
     finally:
         enter(None)
+        for lane in extra_lanes:
+            lane.free()
         if session is not None and session != g.ffi.NULL:
             lib.gg_session_free(session)
         g.free()
@@ -412,7 +427,7 @@ class _PowerProbe:
         return out
 
 
-def _numeric(g, session, gf, t, loss, case, analytic, loss_scale):
+def _numeric(g, session, gf, t, loss, case, analytic, loss_scale, extra_lanes=(), name=None):
     """(analytic, numeric, noise) for one param, element-wise or along directions (fast mode)."""
     lib, ffi = g.lib, g.ffi
     n = analytic.size
@@ -422,8 +437,12 @@ def _numeric(g, session, gf, t, loss, case, analytic, loss_scale):
         return directional.check(g, session, gf, t, loss, case, analytic, loss_scale)
     g_h = np.empty(n)
     g_half = np.empty(n) if precise else None
-    st = lib.gg_numeric_grad(session, gf, t, loss, h, ffi.from_buffer("double[]", g_h),
-                             ffi.from_buffer("double[]", g_half) if precise else ffi.NULL)
+    lane_seconds = None
+    if extra_lanes:
+        st, lane_seconds = lanes.numeric_grad(lib, session, gf, t, loss, extra_lanes, name, h, g_h, g_half)
+    else:
+        st = lib.gg_numeric_grad(session, gf, t, loss, h, ffi.from_buffer("double[]", g_h),
+                                 ffi.from_buffer("double[]", g_half) if precise else ffi.NULL)
     _check_status(st)
     numeric = (4 * g_half - g_h) / 3 if precise else g_h
     noise = metrics.numeric_noise(loss_scale, h, g_h, numeric if precise else None)
@@ -434,7 +453,8 @@ def _numeric(g, session, gf, t, loss, case, analytic, loss_scale):
         return halved_estimate(lib, session, gf, t, loss, h, g_half, idx)
     roundoff = metrics.numeric_noise(loss_scale, h / 2, np.zeros(1), np.zeros(1) if precise else None)[0]
     return {"analytic": analytic, "numeric": numeric, "noise": noise, "halved_at": halved_at, "roundoff": roundoff,
-            "gap": np.abs(numeric - g_h), "values": read_tensor(g, t), "evaluations": n * (4 if precise else 2)}
+            "gap": np.abs(numeric - g_h), "values": read_tensor(g, t), "evaluations": n * (4 if precise else 2),
+            **({"lane_seconds": lane_seconds} if lane_seconds is not None else {})}
 
 
 def halved_estimate(lib, session, gf, t, loss, h, g_half, idx):

@@ -39,6 +39,7 @@ class Result:
     timings: dict = field(default_factory=dict)
     evaluations: int = 0
     evaluations_halved: int = 0      # ... and those of the halved step, taken before a failure is blamed
+    lanes: int = 1                   # copies of the forward graph the numeric phase ran on (check/lanes.py)
     mode: str = "full"
     # equivalence cases (check/equivalence.py): the formulations, the forwards' comparisons
     # (one per pair), and the worst NMSE of a gradient against its roundoff limit

@@ -56,6 +56,15 @@ int gg_numeric_grad_at(struct gg_session * s, struct ggml_cgraph * gf, struct gg
                        struct ggml_tensor * loss, float h, const int64_t * idx, int64_t n_idx,
                        double * g_h, double * g_half);
 
+/* gg_numeric_grad over n_lanes copies of one forward graph at once, each lane on a thread of
+ * its own (lane 0 the caller's) with its own session, graph, param and loss, all built from
+ * one case: each forward still runs on one thread, and an element's estimate is the same
+ * whichever lane takes it. Lanes take elements in chunks as they go. busy[k]: lane k's
+ * seconds. */
+int gg_numeric_grad_lanes(struct gg_session ** sessions, struct ggml_cgraph ** graphs, struct ggml_tensor ** params,
+                          struct ggml_tensor ** losses, int n_lanes, float h, double * g_h, double * g_half,
+                          double * busy);
+
 /* gg_directional: for each of n_dirs directions u (n_dirs x nelements, row-major),
  * d_h[k] = (L(x+h u) - L(x-h u)) / 2h and, when d_half is not NULL, the same at h/2. */
 int gg_directional(struct gg_session * s, struct ggml_cgraph * gf, struct ggml_tensor * param,

@@ -4,6 +4,8 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -272,6 +274,79 @@ int gg_numeric_grad_at(struct gg_session * s, struct ggml_cgraph * gf, struct gg
         if (st) return st;
     }
     return 0;
+}
+
+#define GG_MAX_LANES 8
+#define GG_LANE_CHUNK 8     // elements a lane takes at a time: few atomics, little idle at the end
+
+struct gg_lanes_job {
+    struct gg_session ** sessions;
+    struct ggml_cgraph ** graphs;
+    struct ggml_tensor ** params;
+    struct ggml_tensor ** losses;
+    int64_t n;
+    float h;
+    double * g_h;
+    double * g_half;
+    atomic_llong next;      // the next element no lane has taken
+    atomic_int status;      // the first failing lane's ggml_status; the others stop at their next chunk
+};
+
+struct gg_lane {
+    struct gg_lanes_job * job;
+    int k;
+    double busy;
+};
+
+static void * gg_lane_run(void * arg) {
+    struct gg_lane * lane = arg;
+    struct gg_lanes_job * job = lane->job;
+    const int k = lane->k;
+    const double started = gg_seconds();
+    while (!atomic_load(&job->status)) {
+        const int64_t i0 = atomic_fetch_add(&job->next, GG_LANE_CHUNK);
+        if (i0 >= job->n) break;
+        const int64_t i1 = i0 + GG_LANE_CHUNK < job->n ? i0 + GG_LANE_CHUNK : job->n;
+        int st = 0;
+        for (int64_t i = i0; i < i1 && !st; i++) {
+            st = gg_numeric_one(job->sessions[k], job->graphs[k], job->params[k], job->losses[k], job->h, i,
+                                &job->g_h[i], job->g_half ? &job->g_half[i] : NULL);
+        }
+        if (st) {
+            int none = 0;
+            atomic_compare_exchange_strong(&job->status, &none, st);
+        }
+    }
+    lane->busy = gg_seconds() - started;
+    return NULL;
+}
+
+int gg_numeric_grad_lanes(struct gg_session ** sessions, struct ggml_cgraph ** graphs, struct ggml_tensor ** params,
+                          struct ggml_tensor ** losses, int n_lanes, float h, double * g_h, double * g_half,
+                          double * busy) {
+    struct gg_lanes_job job = { sessions, graphs, params, losses, ggml_nelements(params[0]), h, g_h, g_half };
+    atomic_init(&job.next, 0);
+    atomic_init(&job.status, 0);
+    if (n_lanes < 1) n_lanes = 1;
+    if (n_lanes > GG_MAX_LANES) n_lanes = GG_MAX_LANES;
+    struct gg_lane lanes[GG_MAX_LANES];
+    pthread_t threads[GG_MAX_LANES];
+    int started = 1;
+    for (int k = 0; k < n_lanes; k++) {
+        lanes[k] = (struct gg_lane) { &job, k, 0.0 };
+    }
+    // a lane whose thread cannot start leaves its elements to the others
+    for (int k = 1; k < n_lanes && pthread_create(&threads[k], NULL, gg_lane_run, &lanes[k]) == 0; k++) {
+        started++;
+    }
+    gg_lane_run(&lanes[0]);
+    for (int k = 1; k < started; k++) {
+        pthread_join(threads[k], NULL);
+    }
+    for (int k = 0; k < n_lanes; k++) {
+        busy[k] = lanes[k].busy;
+    }
+    return atomic_load(&job.status);
 }
 
 // write x0 + scale*u into param (through its strides)

@@ -1,0 +1,105 @@
+"""Lanes: the finite differences of one big case over several copies of its forward graph.
+
+Full mode evaluates the whole forward graph `stencil` times per parameter element, each time
+on one thread, so that the reference shares no threading bug with the backward under test.
+On a machine with idle cores a big case then leaves them idle: test-backend-ops' silu case
+of 5,005 elements takes 0.4 s on one core while the other waits, where test-backend-ops
+itself computes each forward on every core.
+
+A lane is another copy of the case's forward graph, built from the case alone (the same
+seed, so the same values), in a context, buffer and session of its own. The shim's
+gg_numeric_grad_lanes runs one thread per lane; each takes elements as it goes and
+computes their estimates on its own copy, each forward still on one thread. An element's
+estimate is the same, to the bit, whichever lane computes it.
+
+Lanes are made only where they pay: CPU cases in full mode whose numeric phase is estimated
+(one forward timed, times the evaluations) at LANES_MIN_SECONDS or more; one per core, at
+most MAX_LANES (each copy holds the case's buffers again). GRADGATE_FD_LANES=N makes every
+full-mode CPU case use N (1: none).
+"""
+
+import os
+import time
+
+from pytest_gradgate.build import binding
+from pytest_gradgate.errors import GradgateError
+
+LANES_MIN_SECONDS = 0.05
+MAX_LANES = 2
+LANES_ENV = "GRADGATE_FD_LANES"
+
+
+def wanted(case, lib, session, gf, evaluations):
+    """How many lanes this case's numeric phase gets (1: the caller's alone)."""
+    if case.mode != "full" or case.backend != "cpu":
+        return 1
+    forced = os.environ.get(LANES_ENV, "").strip()
+    if forced:
+        if not forced.isdigit() or not 1 <= int(forced) <= 8:
+            raise GradgateError(f"{LANES_ENV}={forced!r}: give a whole number of lanes from 1 to 8, "
+                                "or leave it unset (lanes for big cases only)")
+        return int(forced)
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        return 1
+    taken = []
+    for _ in range(2):      # the first may pay for cold caches
+        started = time.perf_counter()
+        lib.gg_session_compute(session, gf)
+        taken.append(time.perf_counter() - started)
+    return min(MAX_LANES, cores) if min(taken) * evaluations >= LANES_MIN_SECONDS else 1
+
+
+class LaneUnavailable(RuntimeError):
+    """A lane's copy could not be made (memory, under --gradgate-max-memory say): the case runs
+    on the lanes it has."""
+
+
+class Lane:
+    """One more copy of the case's forward graph, with its own session, on one thread."""
+
+    def __init__(self, lib, case, lines, n_tensors):
+        from pytest_gradgate.check.engine import GraphBuilder, build_forward, read_tensor, write_tensor
+        self.g = GraphBuilder(lib, case, n_tensors=n_tensors)
+        self.session = binding.ffi.NULL
+        try:
+            self.params, _, _, self.loss = build_forward(self.g, case, lines)
+            self.gf = self.g.forward_graph(self.loss)
+            err = binding.ffi.new("char[256]")
+            self.session = lib.gg_session_new(b"cpu", 1, err, 256)
+            if self.session == binding.ffi.NULL:
+                raise LaneUnavailable(f"a lane's session: {binding.ffi.string(err).decode()}")
+            if not lib.gg_session_alloc(self.session, self.g.ctx):
+                raise LaneUnavailable("could not allocate a lane's copy of the graph")
+            for t, values in self.g.values:
+                write_tensor(self.g, t, values)
+        except BaseException:
+            self.free()
+            raise
+        self._read = lambda t: read_tensor(self.g, t)
+
+    def same_values(self, name, values):
+        """The copy's param `name` holds `values`: the copy is of the same case."""
+        return (self._read(self.params[name]) == values).all()
+
+    def free(self):
+        if self.session != binding.ffi.NULL:
+            self.g.lib.gg_session_free(self.session)
+            self.session = binding.ffi.NULL
+        self.g.free()
+
+
+def numeric_grad(lib, session, gf, t, loss, lanes, name, h, g_h, g_half):
+    """gg_numeric_grad over the caller's graph and the lanes' copies -> (ggml status, the
+    lanes' busy seconds summed)."""
+    ffi = binding.ffi
+    n_lanes = 1 + len(lanes)
+    busy = ffi.new("double[]", n_lanes)
+    status = lib.gg_numeric_grad_lanes(
+        ffi.new("struct gg_session *[]", [session] + [lane.session for lane in lanes]),
+        ffi.new("struct ggml_cgraph *[]", [gf] + [lane.gf for lane in lanes]),
+        ffi.new("struct ggml_tensor *[]", [t] + [lane.params[name] for lane in lanes]),
+        ffi.new("struct ggml_tensor *[]", [loss] + [lane.loss for lane in lanes]),
+        n_lanes, h, ffi.from_buffer("double[]", g_h), ffi.from_buffer("double[]", g_half) if g_half is not None
+        else ffi.NULL, busy)
+    return status, sum(busy[k] for k in range(n_lanes))
