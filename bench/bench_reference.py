@@ -11,7 +11,7 @@ Runner with fork-per-case isolation in a child process (--jobs workers in parall
 test-backend-ops uses every core for each graph; each case's analytic backward on its
 threads axis, 3 threads by default; its finite differences on one thread per forward, a big
 case's over lanes, copies of its graph: check/lanes.py). Per evaluation, a case on lanes
-counts its lanes' busy seconds, not the wall time they share.
+counts its lanes' CPU seconds, not the wall time they share.
 
 Printed: a table per op (cases, wall, cases/s, ratio ours/theirs in cases/s, > 1 means we are
 faster); then per case, medians over --repeat: the ratio with both sides' start-ups (theirs:
@@ -108,7 +108,7 @@ def _run_ours_child(spec_path):
             # (getattr: the bench also times an older engine, for before-and-after figures)
             timings = getattr(r, "timings", {})
             out["per_case"].append({"duration": r.duration, "numeric_s": timings.get("numeric", 0.0),
-                                    "numeric_lane_s": timings.get("numeric-lane-seconds"), "lanes": getattr(r, "lanes", 1),
+                                    "numeric_lane_s": timings.get("numeric-lane-cpu-seconds"), "lanes": getattr(r, "lanes", 1),
                                     "evaluations": getattr(r, "evaluations", 0),
                                     "evaluations_halved": getattr(r, "evaluations_halved", 0), "status": str(r.status)})
     finally:
@@ -224,7 +224,7 @@ def per_evaluation(cases, per_case, library):
         if per_eval is None:
             continue
         # per evaluation, time is each evaluation's own: over lanes (check/lanes.py), the
-        # lanes' busy seconds, not the phase's wall time, which they share
+        # lanes' CPU seconds, not the phase's wall time, which they share
         lane_s = timing.get("numeric_lane_s")
         numeric += lane_s if lane_s is not None else timing["numeric_s"]
         engine += timing["duration"] + (lane_s - timing["numeric_s"] if lane_s is not None else 0.0)

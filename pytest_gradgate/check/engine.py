@@ -365,7 +365,7 @@ def run_case(case, lib, phase=lambda name: None):
             checks[name] = _numeric(g, session, gf, t, loss, case, analytic[name], loss_scale, extra_lanes, name)
             result.evaluations += checks[name].get("evaluations", 0)
             if "lane_seconds" in checks[name]:
-                timings["numeric-lane-seconds"] = timings.get("numeric-lane-seconds", 0.0) + checks[name]["lane_seconds"]
+                timings["numeric-lane-cpu-seconds"] = timings.get("numeric-lane-cpu-seconds", 0.0) + checks[name]["lane_seconds"]
 
         enter(Phase.COMPARE)
         predictions = probe.predictions(session)

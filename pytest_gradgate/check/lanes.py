@@ -91,7 +91,7 @@ class Lane:
 
 def numeric_grad(lib, session, gf, t, loss, lanes, name, h, g_h, g_half):
     """gg_numeric_grad over the caller's graph and the lanes' copies -> (ggml status, the
-    lanes' busy seconds summed)."""
+    lanes' CPU seconds summed: their own work, not the time they waited for a core)."""
     ffi = binding.ffi
     n_lanes = 1 + len(lanes)
     busy = ffi.new("double[]", n_lanes)

@@ -60,7 +60,7 @@ int gg_numeric_grad_at(struct gg_session * s, struct ggml_cgraph * gf, struct gg
  * its own (lane 0 the caller's) with its own session, graph, param and loss, all built from
  * one case: each forward still runs on one thread, and an element's estimate is the same
  * whichever lane takes it. Lanes take elements in chunks as they go. busy[k]: lane k's
- * seconds. */
+ * thread CPU seconds. */
 int gg_numeric_grad_lanes(struct gg_session ** sessions, struct ggml_cgraph ** graphs, struct ggml_tensor ** params,
                           struct ggml_tensor ** losses, int n_lanes, float h, double * g_h, double * g_half,
                           double * busy);

@@ -213,6 +213,13 @@ static double gg_seconds(void) {
     return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
 }
 
+// CPU seconds of the calling thread: a lane's own work, not the time it waited for a core
+static double gg_thread_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
+}
+
 double gg_bare_compute_seconds(struct ggml_cgraph * gf, int n_threads, int n_runs) {
     struct ggml_cplan plan = ggml_graph_plan(gf, n_threads, NULL);
     uint8_t * work = plan.work_size ? malloc(plan.work_size) : NULL;
@@ -302,7 +309,7 @@ static void * gg_lane_run(void * arg) {
     struct gg_lane * lane = arg;
     struct gg_lanes_job * job = lane->job;
     const int k = lane->k;
-    const double started = gg_seconds();
+    const double started = gg_thread_seconds();
     while (!atomic_load(&job->status)) {
         const int64_t i0 = atomic_fetch_add(&job->next, GG_LANE_CHUNK);
         if (i0 >= job->n) break;
@@ -317,7 +324,7 @@ static void * gg_lane_run(void * arg) {
             atomic_compare_exchange_strong(&job->status, &none, st);
         }
     }
-    lane->busy = gg_seconds() - started;
+    lane->busy = gg_thread_seconds() - started;
     return NULL;
 }
 
