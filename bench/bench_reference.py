@@ -420,7 +420,8 @@ def _bench(args):
     print(f"  what each side runs: test-backend-ops grad on CPU, {os.cpu_count()} threads per graph, one op per "
           f"process; ours: isolate=case (a forked child per case), {args.jobs} worker(s) in parallel, each case's "
           f"analytic backward on its threads axis ({DEFAULT_THREADS} threads), the finite-difference forwards on 1 "
-          f"thread each, a big case's over 2 lanes (copies of its graph), power probe and checks included")
+          f"thread each, a big case's over 2 lanes (copies of its graph) when a core is idle, power probe and checks "
+          f"included")
     headline, which = min(((figures["without"], "all cases, without start-ups"),
                            (figures["geomean"], "geometric mean over ops, without start-ups")),
                           key=lambda f: f[0] if math.isfinite(f[0]) else math.inf)

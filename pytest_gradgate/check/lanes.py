@@ -13,9 +13,9 @@ computes their estimates on its own copy, each forward still on one thread. An e
 estimate is the same, to the bit, whichever lane computes it.
 
 Lanes are made only where they pay: CPU cases in full mode whose numeric phase is estimated
-(one forward timed, times the evaluations) at LANES_MIN_SECONDS or more; one per core, at
-most MAX_LANES (each copy holds the case's buffers again). GRADGATE_FD_LANES=N makes every
-full-mode CPU case use N (1: none).
+(one forward timed, times the evaluations) at LANES_MIN_SECONDS or more, one more lane per
+core idle at that moment, at most MAX_LANES (each copy holds the case's buffers again); see
+lanes_for. GRADGATE_FD_LANES=N makes every full-mode CPU case use N (1: none).
 """
 
 import os
@@ -42,12 +42,37 @@ def wanted(case, lib, session, gf, evaluations):
     cores = os.cpu_count() or 1
     if cores < 2:
         return 1
-    taken = []
-    for _ in range(2):      # the first may pay for cold caches
+    taken, running = [], []
+    for _ in range(3):      # the first may pay for cold caches
         started = time.perf_counter()
         lib.gg_session_compute(session, gf)
         taken.append(time.perf_counter() - started)
-    return min(MAX_LANES, cores) if min(taken) * evaluations >= LANES_MIN_SECONDS else 1
+        running.append(_running_tasks())
+    return lanes_for(cores, min(taken) * evaluations, running)
+
+
+def lanes_for(cores, estimate_s, running):
+    """The policy: lanes only for a numeric phase estimated at LANES_MIN_SECONDS or more, one
+    per core that is idle now besides this one (running: a few looks at the machine's running
+    tasks, this one included; None where unknown), at most MAX_LANES. A lane on a core that
+    is already busy only shares it: each evaluation costs more (two vCPUs of one core, the
+    caches) and the case is done no sooner, so a machine kept busy by other cases (the gate's
+    jobs, pytest-xdist) gets none."""
+    if estimate_s < LANES_MIN_SECONDS:
+        return 1
+    busy = None if None in running else sorted(running)[len(running) // 2]     # the median look
+    idle = cores - 1 if busy is None else cores - busy
+    return max(1, min(MAX_LANES, 1 + idle))
+
+
+def _running_tasks():
+    """Tasks running or runnable on the machine now, this one included (/proc/loadavg's 4th
+    field), or None where it cannot be read."""
+    try:
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class LaneUnavailable(RuntimeError):
