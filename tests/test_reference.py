@@ -77,7 +77,10 @@ def test_same_verdict_and_maa_order_as_test_backend_ops(runs, runner, tbo):
                 # roundoff in one draw (seen: MUL_MAT k=256, MAA 6e-4 > 1e-4) passes in others
                 reruns = reference.rerun_statuses(tbo, ref, RERUNS)
                 if "ok" in reruns:
-                    same_verdict, why = True, f"test-backend-ops flaky: {reruns.count('ok')}/{len(reruns)} reruns ok"
+                    # ... and its MAA is that of a draw its own reruns disown: no order to compare
+                    # with (seen in CI: MUL_MAT k=256, 7.5e-4 in the draw, 10/10 reruns ok, ours 6.5e-6)
+                    same_verdict, same_order = True, True
+                    why = f"test-backend-ops flaky: {reruns.count('ok')}/{len(reruns)} reruns ok"
                     flaky.append(ref.id)
             rows.append((ref.id, ref.status, ref.worst_maa, result.status, result.maa, why))
             if not (same_verdict and same_order):
