@@ -42,13 +42,15 @@ def wanted(case, lib, session, gf, evaluations):
     cores = os.cpu_count() or 1
     if cores < 2:
         return 1
-    taken, running = [], []
-    for _ in range(3):      # the first may pay for cold caches
+    taken = []
+    for _ in range(2):      # the first may pay for cold caches
         started = time.perf_counter()
         lib.gg_session_compute(session, gf)
         taken.append(time.perf_counter() - started)
-        running.append(_running_tasks())
-    return lanes_for(cores, min(taken) * evaluations, running)
+    estimate_s = min(taken) * evaluations
+    if estimate_s < LANES_MIN_SECONDS:
+        return 1            # most cases: no need to look at the machine
+    return lanes_for(cores, estimate_s, [_running_tasks() for _ in range(3)])
 
 
 def lanes_for(cores, estimate_s, running):
@@ -84,7 +86,7 @@ class Lane:
     """One more copy of the case's forward graph, with its own session, on one thread."""
 
     def __init__(self, lib, case, lines, n_tensors):
-        from pytest_gradgate.check.engine import GraphBuilder, build_forward, read_tensor, write_tensor
+        from pytest_gradgate.check.engine import GraphBuilder, build_forward, write_tensor
         self.g = GraphBuilder(lib, case, n_tensors=n_tensors)
         self.session = binding.ffi.NULL
         try:
@@ -101,11 +103,11 @@ class Lane:
         except BaseException:
             self.free()
             raise
-        self._read = lambda t: read_tensor(self.g, t)
 
     def same_values(self, name, values):
         """The copy's param `name` holds `values`: the copy is of the same case."""
-        return (self._read(self.params[name]) == values).all()
+        from pytest_gradgate.check.engine import read_tensor
+        return (read_tensor(self.g, self.params[name]) == values).all()
 
     def free(self):
         if self.session != binding.ffi.NULL:
