@@ -85,6 +85,35 @@ def test_a_run_stopped_early_kills_the_cases_it_started_ahead(pytester, ggml_var
     assert not [p for p in seen if _alive(p)], "a worker or a case's child outlived the run"
 
 
+COMPILES_IN_THREADS = """
+import sys, threading
+seen = []
+def _hook(event, args):
+    # ast.parse, compile() and the import of a module from source all raise this event
+    if event == "compile" and threading.current_thread() is not threading.main_thread():
+        seen.append(f"{threading.current_thread().name}: {args[1]}")
+sys.addaudithook(_hook)
+def pytest_unconfigure(config):
+    with open("compiles_in_threads.txt", "w") as out:
+        out.write("\\n".join(seen))
+"""
+
+
+def test_the_threads_that_run_cases_ahead_never_parse_python(pytester, default_build):
+    """CPython 3.11's AST constructor keeps its recursion depth in state that threads share:
+    an ast.parse in a thread of ours while pytest's thread parses its tracebacks raised
+    "SystemError: AST constructor recursion depth mismatch" in a CI run. A crashed case's
+    Result is made in the parent, from the case's op, which parsing its graph gives: with
+    Result.for_case parsing it in the thread, this test failed on the crashing cases."""
+    pytester.makeconftest(COMPILES_IN_THREADS)
+    entries = [(f"c{i}_{'crash' if k == 'C' else 'pass'}", CRASH if k == "C" else PASS)
+               for i, k in enumerate("PCCPC")]
+    (pytester.path / "gradgate_mix.yaml").write_text(cases_yaml(entries))
+    result = gate(pytester, "--gradgate-jobs", "2")
+    assert result.parseoutcomes() == {"passed": 2, "failed": 3}, result.stdout.str()[-3000:]
+    assert (pytester.path / "compiles_in_threads.txt").read_text() == ""
+
+
 @pytest.mark.parametrize("args, env, says", [
     (["--gradgate-jobs", "-1"], {}, "--gradgate-jobs: '-1' is below 0"),
     (["--gradgate-jobs", "two"], {}, "--gradgate-jobs: 'two' is not a valid value"),

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from pytest_gradgate.build import binding
-from pytest_gradgate.check import directional, lanes, metrics, power, reliability, selfcheck
+from pytest_gradgate.check import alone, directional, lanes, metrics, power, reliability, selfcheck
 from pytest_gradgate.ops.consumers import CONSUMERS
 from pytest_gradgate.ops.producers import PRODUCERS, laid_out_params
 from pytest_gradgate.declare.expr import main_op, ops_used, parse_graph
@@ -296,7 +296,7 @@ def run_case(case, lib, phase=lambda name: None):
                 why = selfcheck.check_producer(case, lib, ne, case.threads)
                 if why is not None:
                     result.kind = Diagnosis.PRODUCER_FAILS
-                    result.diagnosis = selfcheck.producer_failure_text(case.producer, why)
+                    result.diagnosis = alone.producer_failure_text(case.producer, why)
                     return result.finish(Status.PRODUCER_FAILED, Phase.PRODUCER_CHECK, started=started)
 
         if case.consumer != "none":
@@ -305,7 +305,7 @@ def run_case(case, lib, phase=lambda name: None):
             why = selfcheck.check(case, lib, g.layout(y), case.threads)
             if why is not None:
                 result.kind = Diagnosis.CONSUMER_FAILS
-                result.diagnosis = selfcheck.failure_text(case.consumer, why)
+                result.diagnosis = alone.failure_text(case.consumer, why)
                 return result.finish(Status.CONSUMER_FAILED, Phase.CONSUMER_CHECK, started=started)
 
         enter(Phase.BUILD_BACKWARD)

@@ -51,8 +51,7 @@ class Result:
 
     @classmethod
     def for_case(cls, case):
-        from pytest_gradgate.declare.expr import main_op, parse_graph
-        return cls(case.id, case.name, case.consumer, case.loss, case.backend, op=main_op(parse_graph(case.graph)),
+        return cls(case.id, case.name, case.consumer, case.loss, case.backend, op=case.op,
                    producer=case.producer,
                    max_maa=case.max_maa, mode=case.mode, threads=case.threads, origin=dict(case.origin),
                    formulations=list(case.equivalent))

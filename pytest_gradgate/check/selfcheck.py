@@ -34,24 +34,6 @@ N_DIRECTIONS = 2
 SEED_OFFSET = 4242
 
 
-def failure_text(consumer, why):
-    """The diagnosis of a case whose consumer fails on its own."""
-    return (f"consumer '{consumer}' fails on its own in this ggml, with no op before it ({why}): "
-            "the op is not tested through this consumer; its result says nothing about the op")
-
-
-def producer_failure_text(producer, why):
-    """The diagnosis of a case whose producer fails on its own."""
-    return (f"producer '{producer}' fails on its own in this ggml, with no op after it ({why}): "
-            "the op is not tested through this producer; its result says nothing about the op")
-
-
-def forward_rejects_text(producer, why):
-    """The skip reason of a case whose op's forward does not take the producer's layout."""
-    return (f"producer '{producer}': the op's forward does not take its input laid out so in this ggml ({why}); "
-            "nothing about the backward was checked")
-
-
 def permutation_of(ne, nb, element_size=4):
     """axes such that permute(param of base shape, *axes) has strides nb, or None.
 

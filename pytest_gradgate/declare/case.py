@@ -1,6 +1,7 @@
 """Case: the plain, JSON-serialisable description of one check. Nothing else crosses
 from the collector into the isolated worker and its engine."""
 
+import functools
 from dataclasses import dataclass, field, fields
 
 DEFAULT_EPS = 1e-1          # as test-backend-ops: inputs are O(1), so h = 0.1 keeps roundoff small
@@ -53,6 +54,12 @@ class Case:
     # an equivalence case (mode "equivalence"): formulation name -> graph, compared with each
     # other instead of with finite differences; `graph` is then the first formulation
     equivalent: dict = field(default_factory=dict)
+
+    @functools.cached_property
+    def op(self):
+        """The op the case is about: the outermost call of its graph's last line, parsed once."""
+        from pytest_gradgate.declare.expr import main_op, parse_graph
+        return main_op(parse_graph(self.graph))
 
     @property
     def id(self):

@@ -15,6 +15,13 @@ Only cases whose items pytest is known to run are handed out ahead: in one proce
 next items of session.items; in an xdist worker only the next item it was given (the
 controller hands out the rest). A run that stops early (-x, the crash cap) kills the cases
 still running and drops their results.
+
+The threads never parse Python. CPython 3.11's AST constructor keeps its recursion depth in
+state that every thread shares, so an ast.parse in one of them while pytest's thread parses
+too (its tracebacks do, and its assertion rewriting of each module it imports) can fail
+either with "SystemError: AST constructor recursion depth mismatch". So a case's graph is
+parsed (Case.op, which a Result made in the parent needs) in pytest's thread before it is
+queued, and everything the runner calls is imported before the threads start.
 """
 
 import collections
@@ -39,6 +46,7 @@ class Ahead:
 
     def submit(self, key, case):
         """Queue a case that pytest will ask for (by `key`); a key queued or done already is kept."""
+        case.op     # parsed here, in pytest's thread (see above)
         with self._lock:
             if self._closing or key in self._queued or key in self._done or key in self._running.values():
                 return
@@ -49,6 +57,7 @@ class Ahead:
 
     def result(self, key, case):
         """The Result of the case queued under `key` (queued now, first in line, if it was not)."""
+        case.op
         with self._lock:
             if key not in self._queued and key not in self._done and key not in self._running.values():
                 self._queue.appendleft((key, case))

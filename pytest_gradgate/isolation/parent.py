@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 
+from pytest_gradgate.check import alone
 from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
 from pytest_gradgate.check.result import Result
 from pytest_gradgate.isolation import protocol
@@ -338,25 +339,22 @@ class Runner:
                             "itself dies on this layout, before any backward)")
         if phase == Phase.CONSUMER_CHECK:
             # it died in the consumer alone (check/selfcheck.py): the consumer's failure, not the op's
-            from pytest_gradgate.check import selfcheck
             msg = ggml_message(crash.stderr)
             result.kind = Diagnosis.CONSUMER_FAILS
-            explanation = selfcheck.failure_text(case.consumer, f"ggml: {msg}" if msg else f"it died ({crash.how})")
+            explanation = alone.failure_text(case.consumer, f"ggml: {msg}" if msg else f"it died ({crash.how})")
             status = Status.CONSUMER_FAILED
         elif phase == Phase.PRODUCER_FORWARD and ggml_message(crash.stderr):
             # ggml refused the layout (an assert of the op's forward) before any backward existed:
             # not a verdict. A death without ggml's word (a signal, a corrupted heap) stays a crash
-            from pytest_gradgate.check import selfcheck
             result.kind = Diagnosis.FORWARD_REJECTS_LAYOUT
-            text = selfcheck.forward_rejects_text(case.producer, f"ggml: {ggml_message(crash.stderr)}")
+            text = alone.forward_rejects_text(case.producer, f"ggml: {ggml_message(crash.stderr)}")
             result.diagnosis = text
             return result.finish(Status.SKIPPED, phase, message=text, started=started)
         elif phase == Phase.PRODUCER_CHECK:
             # the mirror: it died in the producer alone, between a param's leaf and the loss
-            from pytest_gradgate.check import selfcheck
             msg = ggml_message(crash.stderr)
             result.kind = Diagnosis.PRODUCER_FAILS
-            explanation = selfcheck.producer_failure_text(case.producer,
+            explanation = alone.producer_failure_text(case.producer,
                                                           f"ggml: {msg}" if msg else f"it died ({crash.how})")
             status = Status.PRODUCER_FAILED
         ggml_msg = ggml_message(result.stderr_tail)
