@@ -68,6 +68,15 @@ def pytest_configure(config):
         return
     config.args, state.yaml_only = gate_args(config, config.getoption("gradgate_no_builtin"), extra)
     state.case_files = {str(Path(a.split("::", 1)[0]).resolve()) for a in config.args} | set(extra)
+    if _runs_cases_here(config) and not config.option.collectonly and state.settings["isolate"] != "none":
+        state.start_early()     # the first worker starts while pytest collects
+
+
+def _runs_cases_here(config):
+    """False in an xdist controller: it hands the items to its workers, which run them."""
+    if hasattr(config, "workerinput"):
+        return True
+    return not getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") == "no"
 
 
 def pytest_collection_modifyitems(session, config, items):

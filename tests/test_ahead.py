@@ -125,3 +125,46 @@ def test_a_bad_jobs_value_is_a_usage_error(pytester, monkeypatch, args, env, say
     result = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "-p", "no:cacheprovider", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert says in result.stderr.str()
+
+
+WORKER_SEEN_AT_COLLECTION = """
+import os, time
+def _workers():
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat, open(f"/proc/{entry}/cmdline", "rb") as cmd:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+                    line = cmd.read()
+            except OSError:
+                continue
+            if parent == os.getpid() and b"pytest_gradgate.isolation.worker" in line:
+                found.append(entry)
+    return found
+def pytest_collection_finish(session):
+    # the worker's process exists from the moment it is started (well before it is ready)
+    deadline = time.monotonic() + float(os.environ["WAIT_FOR_WORKER_S"])
+    while not _workers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with open("workers_at_collection.txt", "w") as out:
+        out.write(str(len(_workers())))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("extra, expected", [([], "1"), (["--co"], "0"), (["--gradgate-isolate", "none"], "0")])
+def test_the_first_worker_starts_while_pytest_collects(pytester, monkeypatch, default_build, extra, expected):
+    """With the build in the cache, the first worker starts in the background at configure,
+    not in the first item's setup: it runs before collection ends (this failed with
+    start_early removed). --co runs no case, and isolate=none no worker: neither starts one
+    (looked for during 2 s, when the worker's process would appear within milliseconds)."""
+    monkeypatch.setenv("WAIT_FOR_WORKER_S", "30" if expected != "0" else "2")
+    pytester.makeconftest(WORKER_SEEN_AT_COLLECTION)
+    (pytester.path / "gradgate_two.yaml").write_text(cases_yaml([("p1", PASS), ("p2", PASS)]))
+    result = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "-p", "no:cacheprovider", ".",
+                                           *extra)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    assert (pytester.path / "workers_at_collection.txt").read_text() == expected
+    if not extra:
+        result.assert_outcomes(passed=2)

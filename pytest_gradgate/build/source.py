@@ -71,6 +71,14 @@ class GgmlSource:
     def version(self):
         return read_ggml_version(self.root)
 
+    def root_if_present(self):
+        """The root if it is on disk already (a pinned source fetched by an earlier run), else
+        None: nothing is fetched."""
+        if self._root is None:
+            tree = sdist_entry(self.pinned.dist, self.pinned.version) / "ggml"
+            return tree if is_ggml_root(tree) else None
+        return self._root
+
     def __repr__(self):
         return f"GgmlSource({self._root!r}, {self.label!r}, {self.origin!r})"
 
@@ -175,13 +183,17 @@ def default_ggml_root(progress=None):
     return pinned_ggml_root(DEFAULT_PIN, progress)
 
 
+def sdist_entry(dist, version):
+    """The cache folder of a fetched sdist's trees (published whole, or absent)."""
+    return cache_root() / "sources" / f"{dist}-{version}"
+
+
 def fetch_sdist_tree(dist, version, subdir, name, sha256=None, progress=None):
     """Fetch the sdist `dist==version` with pip (once) and keep only `subdir` of it, as
     <cache>/sources/<dist>-<version>/<name>. Checked against `sha256` when given.
 
     Also used by the tests to get the llama.cpp tree vendored by llama-cpp-python."""
-    sources = cache_root() / "sources"
-    final = sources / f"{dist}-{version}"
+    final = sdist_entry(dist, version)
     tree = final / name
 
     def produce(staging):

@@ -57,9 +57,8 @@ class Case:
 
     @functools.cached_property
     def op(self):
-        """The op the case is about: the outermost call of its graph's last line, parsed once."""
-        from pytest_gradgate.declare.expr import main_op, parse_graph
-        return main_op(parse_graph(self.graph))
+        """The op the case is about: the outermost call of its graph's last line (kept once asked)."""
+        return _main_op(tuple(self.graph) if isinstance(self.graph, list) else self.graph)
 
     @property
     def id(self):
@@ -91,3 +90,11 @@ class Case:
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(Case))
+
+
+@functools.lru_cache(maxsize=4096)
+def _main_op(graph):
+    # parsed once per graph: the variants of a YAML entry (its consumers, producers, losses)
+    # share it, and a run asks for it once per case
+    from pytest_gradgate.declare.expr import main_op, parse_graph
+    return main_op(parse_graph(graph))

@@ -81,6 +81,9 @@ class Ahead:
             self._threads.append(thread)
 
     def _work(self, index, runner):
+        # a runner whose worker is still starting takes no case: the others (the first one's
+        # worker is up before its thread starts) take them meanwhile
+        runner.start()
         while True:
             with self._lock:
                 while not self._queue and not self._closing:

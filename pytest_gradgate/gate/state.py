@@ -37,6 +37,8 @@ class GateState:
         self.build_error = None         # a GradgateError from the build: every later case reports it
         self.build_facts = None         # what the reports say of the build (ours, or an xdist worker's)
         self._runner = None
+        self._early_thread = None       # start_early: the first worker, started while pytest collects
+        self._early = None              # ... and what it made: (build, runner, ggml version)
         self._ahead = None              # gate/ahead.py: the coming items' cases, run in the background
         self._extra_runners = []        # the Ahead's runners beyond the first (self._runner)
         self.results = []
@@ -80,14 +82,62 @@ class GateState:
 
     def runner(self):
         if self._runner is None:
+            self._take_early_start()
+        if self._runner is None:
             build = self.ensure_build()
             self._runner = self._new_runner()
             self.build_facts = self._facts(build, self._runner.ggml_version())
         return self._runner
 
-    def _new_runner(self):
+    def start_early(self):
+        """Start the first worker in the background while pytest collects, when the build is
+        in the cache already: a worker takes a few tenths of a second to start (numpy, cffi,
+        the library), which the first case waited for after collection. Nothing is fetched
+        or built here; without a cached build (or on any error) the first item's setup does
+        it all, as before. The thread parses no Python (see gate/ahead.py): what it calls is
+        imported now."""
+        import threading
+        from pytest_gradgate.build import cmake
+        from pytest_gradgate.isolation import parent  # noqa: F401  (imported here, not in the thread)
+        if "cuda" in self.backends:
+            import ctypes.util  # noqa: F401  (the CUDA toolkit's part of the build's key)
+            import importlib.util  # noqa: F401
+        options = self.build_options()
+
+        ready, self._early_release = threading.Event(), threading.Event()
+
+        def start():
+            try:
+                root = self.source.root_if_present()
+                build = cmake.find_build(root, options) if root is not None else None
+                if build is not None:
+                    runner = self._new_runner(build.library)
+                    self._early = (build, runner, runner.ggml_version())
+            except Exception:   # noqa: BLE001  the setup's own attempt reports what is wrong
+                self._early = None
+            finally:
+                ready.set()
+            # the worker dies with the thread that started it (PR_SET_PDEATHSIG is the thread's,
+            # not the process's): this one lives until the session closes
+            self._early_release.wait()
+        self._early = None
+        self._early_thread = threading.Thread(target=start, name="gradgate-early-start", daemon=True)
+        self._early_thread.start()
+        self._early_ready = ready
+
+    def _take_early_start(self):
+        """What start_early made, once it is done (build, runner, facts); nothing if it found no build."""
+        if self._early_thread is None:
+            return
+        self._early_ready.wait()
+        if self._early is not None:
+            self.build, self._runner, version = self._early
+            self._early = None
+            self.build_facts = self._facts(self.build, version)
+
+    def _new_runner(self, library=None):
         from pytest_gradgate.isolation.parent import Runner
-        return Runner(self.build.library, isolate=self.settings["isolate"], max_memory=self.settings["max_memory"],
+        return Runner(library or self.build.library, isolate=self.settings["isolate"], max_memory=self.settings["max_memory"],
                       backtrace=self.settings["backtrace"], timeout=self.settings["timeout"] or None)
 
     @functools.cached_property
@@ -187,9 +237,15 @@ class GateState:
         return self.baseline
 
     def close(self):
+        self._take_early_start()   # a run with no case to run still closes the worker it started
         if self._ahead is not None:
             self._ahead.close()
-        for runner in self._extra_runners:
+        runners = [r for r in (self._runner, *self._extra_runners) if r is not None]
+        for runner in runners:      # every worker exits at once, not one after another
+            runner.ask_to_stop()
+        for runner in runners:
             runner.close()
-        if self._runner:
-            self._runner.close()
+        if self._early_thread is not None:    # its worker is closed: it may end now
+            self._early_release.set()
+            self._early_thread.join(timeout=10)
+            self._early_thread = None
