@@ -163,12 +163,19 @@ def pytest_make_collect_report(collector):
     return None
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     # an xdist worker knows only its next item: the one whose case it may start early (gate/ahead.py)
     if getattr(item, "gradgate_wants_next", False):
         item.gradgate_next = nextitem
-    return None
+    try:
+        return (yield)
+    finally:
+        session = item.session
+        if session.shouldfail or session.shouldstop:    # -x, --maxfail, the crash cap: no item runs after this
+            state = item.config.stash.get(STATE, None)
+            if state is not None:
+                state.stop_ahead()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -238,3 +238,56 @@ def test_library_that_cannot_load_stops_the_run_with_one_message(pytester, defau
                                  "*Interrupted: gradgate: stopped early: the library cannot be loaded; "
                                  f"the build looks broken (remove {entry} so that it is rebuilt)*"])
     assert result.stdout.str().count("cannot load") >= 1
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc")
+def test_a_cancelled_runner_starts_no_worker_and_kills_one_that_was_starting(default_build):
+    """Runner.cancel (a run that stops early, gate/ahead.py): a worker that was starting when
+    cancel came is killed once it is up, since cancel found none to kill (with that check
+    removed, this worker stayed alive and would have run the next case), and no later case
+    starts one."""
+    import threading
+    import time
+    from pytest_gradgate.declare.case import Case
+    from pytest_gradgate.isolation.parent import CANCELLED, Runner
+    case = Case(name="c", graph="sqr(a)", params={"a": [4, 3]})
+    runner = Runner(default_build.library)
+    up, finished = threading.Event(), threading.Event()
+
+    def start_and_stay():
+        runner.start()
+        up.set()
+        finished.wait(60)     # a worker dies with the thread that started it (PR_SET_PDEATHSIG)
+    try:
+        starting = threading.Thread(target=start_and_stay)
+        starting.start()
+        deadline = time.monotonic() + 30
+        while not _worker_processes() and time.monotonic() < deadline:
+            time.sleep(0.001)         # its process exists; it is not up yet (a few tenths of a second)
+        runner.cancel(kill=False)
+        assert up.wait(60)
+        assert runner.worker is not None, "the worker was not starting when cancel came"
+        assert runner.worker.proc.wait(timeout=5) == -9   # killed, not left to take a case
+        started = runner.workers_started
+        result = runner.run(case)
+        assert (result.status, result.message) == ("error", CANCELLED)
+        assert runner.workers_started == started
+    finally:
+        finished.set()
+        runner.close()
+
+
+def _worker_processes():
+    import os
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat, open(f"/proc/{entry}/cmdline", "rb") as cmd:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+                    line = cmd.read()
+            except OSError:
+                continue
+            if parent == os.getpid() and b"pytest_gradgate.isolation.worker" in line:
+                found.append(int(entry))
+    return found

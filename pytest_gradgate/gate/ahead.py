@@ -59,6 +59,8 @@ class Ahead:
         """The Result of the case queued under `key` (queued now, first in line, if it was not)."""
         case.op
         with self._lock:
+            if self._closing:   # the run stopped (gate.state.stop_ahead): no thread would take it
+                raise RuntimeError(f"gradgate: {case.id} was asked for after the run stopped")
             if key not in self._queued and key not in self._done and key not in self._running.values():
                 self._queue.appendleft((key, case))
                 self._queued.add(key)
@@ -110,12 +112,12 @@ class Ahead:
             self._closing = True
             self._queue.clear()
             self._queued.clear()
-            busy = [self._runners[i] for i in self._running]
+            busy = set(self._running)
             self._lock.notify_all()
-        for runner in busy:     # its case's result would be dropped: do not wait for it
-            worker = runner.worker
-            if worker is not None and worker.alive():
-                worker.proc.kill()
+        # a case still running would have its result dropped: do not wait for it (its worker
+        # is killed). Every runner is cancelled: one may be starting its worker (Runner.cancel)
+        for index, runner in enumerate(self._runners):
+            runner.cancel(kill=index in busy)
         for thread in self._threads:
             thread.join(timeout=30)
         self._threads = []

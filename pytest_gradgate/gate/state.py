@@ -236,6 +236,11 @@ class GateState:
             self.baseline = baseline_file.Baseline.load(path)
         return self.baseline
 
+    def stop_ahead(self):
+        """The run stops early: the cases started ahead are of items that will not run."""
+        if self._ahead is not None:
+            self._ahead.close()
+
     def close(self):
         self._take_early_start()   # a run with no case to run still closes the worker it started
         if self._ahead is not None:

@@ -46,6 +46,9 @@ class WorkerStartError(Exception):
         self.stderr = stderr
 
 
+CANCELLED = "not run: the run was stopping (Runner.cancel)"
+
+
 def default_timeout(case):
     """Seconds a case may take: generous for its size, so only a hang hits it."""
     if case.timeout:
@@ -217,6 +220,17 @@ class Runner:
         self.worker = None
         self.lib = None
         self.workers_started = 0
+        self.cancelled = False
+
+    def cancel(self, kill=True):
+        """From another thread, when the run is over (-x, the crash cap): no worker starts
+        again and run() answers at once; kill: the worker is killed too (the case it runs
+        ends). The flag is set before the worker is looked at, and looked at again after a
+        worker starts (_ensure_worker), so one that is starting now is killed too."""
+        self.cancelled = True
+        worker = self.worker
+        if kill and worker is not None and worker.alive():
+            worker.proc.kill()
 
     def ask_to_stop(self):
         """Let the worker begin to exit; close() then waits less (runners closed together)."""
@@ -261,13 +275,19 @@ class Runner:
             if self.worker:
                 self.worker.close()
             self.worker = None
+            if self.cancelled:
+                raise WorkerStartError(CANCELLED)
             self.worker = Worker(self.library, backtrace=self.backtrace)
             self.workers_started += 1
+            if self.cancelled:      # cancel() came while it started, and found no worker to kill
+                self.worker.proc.kill()
         return self.worker
 
     def run(self, case):
         timeout = self.timeout or default_timeout(case)
         started = time.perf_counter()
+        if self.cancelled:
+            return Result.for_case(case).finish(Status.ERROR, Phase.STARTUP, message=CANCELLED, started=started)
         if self.isolate == "none":
             from pytest_gradgate.build import binding
             from pytest_gradgate.check.engine import run_case
