@@ -118,15 +118,16 @@ def _run_ours_child(spec_path):
     return 0
 
 
-def run_ours(cases, library, jobs, isolate="case"):
-    """(timings dict, peak RSS in KiB of the child's tree) for our Runner on these cases."""
+def run_ours(cases, library, jobs, isolate="case", env=None):
+    """(timings dict, peak RSS in KiB of the child's tree) for our Runner on these cases;
+    `env`: more environment for the bench child (and so for its workers)."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as spec:
         json.dump({"cases": [c.to_dict() for c in cases], "library": str(library), "jobs": jobs,
                    "isolate": isolate}, spec)
     try:
         with tempfile.TemporaryFile() as out:
             proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--run-ours", spec.name],
-                                    stdout=out)
+                                    stdout=out, env=dict(os.environ, **(env or {})))
             _, status, usage = os.wait4(proc.pid, 0)
             out.seek(0)
             text = out.read().decode(errors="replace")
@@ -237,6 +238,21 @@ def per_evaluation(cases, per_case, library):
         return None
     return {"numeric": numeric / evaluations, "engine": engine / evaluations, "bare": bare / evaluations,
             "counted": counted, "halved": halved, "engine_all_ratio": engine / (bare + bare_halved)}
+
+
+def per_evaluation_alone(cases, library, repeat):
+    """per_evaluation's figures with both sides alone on the machine: one case at a time, its
+    finite differences on one lane, and each repetition's bare computes measured right after
+    its run (the machine's speed drifts between runs by more than the gap measured). Returns
+    the repetitions' figures, in order."""
+    reps = []
+    for _ in range(repeat):
+        ours, _ = run_ours(cases, library, 1, env={"GRADGATE_FD_LANES": "1"})
+        figures = per_evaluation(cases, ours["per_case"], library)
+        if figures is None:
+            return None
+        reps.append(figures)
+    return reps
 
 
 def pytest_start_to_first_case(tmp):
@@ -430,21 +446,29 @@ def _bench(args):
     ours_cases = [c for cases, _ in timings_by_op.values() for c in cases]
     ours_timing = [t for _, timing in timings_by_op.values() for t in timing]
     evals = per_evaluation(ours_cases, ours_timing, build.library)
-    if evals is None:
+    alone = per_evaluation_alone(ours_cases, build.library, args.repeat) if evals is not None else None
+    if evals is None or alone is None:
         print("per evaluation: not measured (this engine reports no evaluations, or its library has no "
               "gg_bare_compute_seconds)")
     else:
-        numeric_s, engine_s, bare_s, counted = evals["numeric"], evals["engine"], evals["bare"], evals["counted"]
-        print(f"per evaluation (forward graph with its loss, {counted} full-mode cases, weighted by their evaluations): "
-              f"bare ggml_graph_compute {bare_s * 1e6:.1f} us (plan made once, 1 thread, nothing written or read); "
-              f"our numeric loop {numeric_s * 1e6:.1f} us = {numeric_s / bare_s:.2f}x (perturb, compute, read the loss, "
-              f"its Python call); our whole engine per evaluation {engine_s * 1e6:.1f} us = {engine_s / bare_s:.2f}x "
-              f"(graphs, allocation, backward, power probe, self-check, compare: everything inside the child)")
-        print(f"  the same over every evaluation taken, those of the halved step on failures too "
-              f"({evals['halved']} of them, beyond the stencil's): {evals['engine_all_ratio']:.2f}x")
-        print(f"HEADLINE per evaluation: {engine_s / bare_s:.2f}x a bare ggml_graph_compute (the whole engine's time "
-              f"over the evaluations its stencil needs; the numeric loop alone {numeric_s / bare_s:.2f}x; "
-              f"goal: at most 1.2x)")
+        counted = evals["counted"]
+        print(f"per evaluation (forward graph with its loss, {counted} full-mode cases, weighted by their evaluations; "
+              f"bare: ggml_graph_compute of the same graph, plan made once, 1 thread, nothing written or read; the "
+              f"numeric loop: perturb, compute, read the loss, its Python call; the whole engine: graphs, allocation, "
+              f"backward, power probe, self-check, compare, everything inside the forked child):")
+        ratios = {k: [r[k] / r["bare"] for r in alone] for k in ("numeric", "engine")}
+        print(f"  both alone (one case at a time, one lane; each repetition's bare right after its run), "
+              f"{len(alone)} repetitions: bare {statistics.median(r['bare'] for r in alone) * 1e6:.1f} us; numeric loop "
+              f"{_spread(ratios['numeric'])}; whole engine {_spread(ratios['engine'])}")
+        numeric_s, engine_s, bare_s = evals["numeric"], evals["engine"], evals["bare"]
+        print(f"  ours {args.jobs} case(s) at once as in the table above (lanes on idle cores, counted in their CPU "
+              f"time), the bare compute alone after every run: bare {bare_s * 1e6:.1f} us; numeric loop "
+              f"{numeric_s / bare_s:.2f}x; whole engine {engine_s / bare_s:.2f}x; over every evaluation taken, the "
+              f"halved step's on failures too ({evals['halved']} of them): {evals['engine_all_ratio']:.2f}x. Ours "
+              f"shares the cores here and the bare compute does not: this includes what the cases cost each other")
+        print(f"HEADLINE per evaluation: {statistics.median(ratios['engine']):.2f}x a bare ggml_graph_compute (the "
+              f"whole engine's time over the evaluations its stencil needs, both sides alone, the median of "
+              f"{len(alone)}; the numeric loop alone {statistics.median(ratios['numeric']):.2f}x; goal: at most 1.2x)")
     tbo_per_case = total["tbo_s"] / max(total["tbo_n"], 1)
     print(f"peak memory (max RSS of the process tree): test-backend-ops {peaks['tbo'] / 1024:.0f} MiB, "
           f"ours {peaks['ours'] / 1024:.0f} MiB (bench child + workers + forked cases)")
@@ -471,6 +495,11 @@ def _bench(args):
               f"{ours['wall_s'] / max(n, 1) * 1e3:.1f} ms per case (test-backend-ops above: "
               f"{tbo_per_case * 1e3:.1f} ms per case); statuses {ours['statuses']}; peak {peak / 1024:.0f} MiB")
     return 0
+
+
+def _spread(values):
+    """'1.21x (1.15-1.30x)': the median and the range of ratios."""
+    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f}x)"
 
 
 # below this, an op's wall minus its start-up is noise (the start-up itself varies by more)
