@@ -279,15 +279,13 @@ def test_a_cancelled_runner_starts_no_worker_and_kills_one_that_was_starting(def
 
 def _worker_processes():
     import os
+    from test_faults import _children
     found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat, open(f"/proc/{entry}/cmdline", "rb") as cmd:
-                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-                    line = cmd.read()
-            except OSError:
-                continue
-            if parent == os.getpid() and b"pytest_gradgate.isolation.worker" in line:
-                found.append(int(entry))
+    for pid in _children(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmd:
+                if b"pytest_gradgate.isolation.worker" in cmd.read():
+                    found.append(pid)
+        except OSError:
+            continue
     return found

@@ -245,11 +245,10 @@ class GateState:
         self._take_early_start()   # a run with no case to run still closes the worker it started
         if self._ahead is not None:
             self._ahead.close()
-        runners = [r for r in (self._runner, *self._extra_runners) if r is not None]
-        for runner in runners:      # every worker exits at once, not one after another
-            runner.ask_to_stop()
-        for runner in runners:
+        for runner in self._extra_runners:
             runner.close()
+        if self._runner:
+            self._runner.close()
         if self._early_thread is not None:    # its worker is closed: it may end now
             self._early_release.set()
             self._early_thread.join(timeout=10)

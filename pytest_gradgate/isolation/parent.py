@@ -181,17 +181,10 @@ class Worker:
                 continue
             return reply, phase, False
 
-    def ask_to_stop(self):
-        """EOF on its requests: it retires its spare child and exits (close waits for that)."""
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-
     def close(self):
         if self.proc.poll() is None:
             try:
-                self.ask_to_stop()
+                self.proc.stdin.close()
                 self.proc.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
@@ -231,11 +224,6 @@ class Runner:
         worker = self.worker
         if kill and worker is not None and worker.alive():
             worker.proc.kill()
-
-    def ask_to_stop(self):
-        """Let the worker begin to exit; close() then waits less (runners closed together)."""
-        if self.worker:
-            self.worker.ask_to_stop()
 
     def close(self):
         if self.worker:
