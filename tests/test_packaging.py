@@ -115,6 +115,29 @@ def test_pytest_gradgate_from_an_empty_folder(venv, tmp_path, default_build):
     assert code == 0 and text.strip() == f"gradgate (pytest-gradgate) {pytest_gradgate.__version__}", text
 
 
+def test_hypothesis_is_the_explore_extra_and_explore_without_it_says_so(dist, venv, tmp_path):
+    """Hypothesis comes with the explore extra only: installed, its pytest plugin imports all of
+    Hypothesis at the end of every pytest run, explore or not. Without it, both of explore's
+    front ends stop at once with a usage error that names the extra (nothing built or run)."""
+    wheel, _ = dist
+    metadata = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA"))
+    requires = [line for line in zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
+                if line.startswith("Requires-Dist:") and "hypothesis" in line]
+    assert requires and all('extra == "explore"' in line or 'extra == "test"' in line for line in requires), requires
+    python = str(venv / "bin" / "python")
+    code, text = run([python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('hypothesis') is not None)"],
+                     env=clean_env())
+    assert code == 0, "the wheel's own dependencies brought Hypothesis into the venv"
+    code, text = run([str(venv / "bin" / "gradgate"), "explore", "--budget", "1s"], cwd=tmp_path, env=clean_env())
+    assert code == 2, text
+    assert "gradgate explore needs Hypothesis" in text and "pip install 'pytest-gradgate[explore]'" in text, text
+    code, text = run([python, "-m", "pytest", "--gradgate-explore=1s", "-p", "no:cacheprovider"], cwd=tmp_path,
+                     env=clean_env())
+    assert code == 4, text
+    assert "--gradgate-explore needs Hypothesis" in text and "pytest-gradgate[explore]" in text, text
+    assert not list(tmp_path.iterdir()), "explore wrote something before it refused"
+
+
 def test_one_version_source():
     """pyproject.toml takes the version from pytest_gradgate.__version__; the CLI prints it."""
     text = (REPO / "pyproject.toml").read_text()

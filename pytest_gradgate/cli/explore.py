@@ -63,6 +63,8 @@ def resolve(args):
 
 
 def run(args):
+    from pytest_gradgate.explore import require_hypothesis
+    require_hypothesis("gradgate explore")
     from pytest_gradgate.explore import findings as findings_mod, search, space
     budget = parse_duration(args.budget)
     if args.jobs < 1:

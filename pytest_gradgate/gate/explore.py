@@ -26,6 +26,11 @@ def configure(config, state):
                                 "instead of -n")
     from pytest_gradgate.cli.explore import parse_duration
     from pytest_gradgate.errors import UsageError
+    from pytest_gradgate.explore import require_hypothesis
+    try:
+        require_hypothesis("--gradgate-explore")
+    except UsageError as exc:
+        raise pytest.UsageError(f"gradgate: {exc}") from None
     from pytest_gradgate.explore import space
     try:
         state.explore_budget = parse_duration(state.settings["explore"], "--gradgate-explore")
