@@ -69,7 +69,9 @@ def format_size(n):
 class Worker:
     """One worker process (library loaded once) and its stderr file."""
 
-    def __init__(self, library, backtrace=False):
+    def __init__(self, library, backtrace=False, spawned=None):
+        """spawned(proc): called as soon as the process exists, before it is up, so that
+        it can be killed while it starts (Runner.cancel)."""
         self.stderr_file = tempfile.NamedTemporaryFile(prefix="gradgate-worker-", suffix=".log", delete=False)
         env = dict(os.environ)
         env["GRADGATE_PARENT_PID"] = str(os.getpid())   # the worker dies with us (worker.py _bind_to_parent)
@@ -85,6 +87,8 @@ class Worker:
             [sys.executable, "-m", "pytest_gradgate.isolation.worker", str(library)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr_file,
             env=env, bufsize=0)
+        if spawned is not None:
+            spawned(self.proc)
         self._buffer = b""
         self._stderr_start = 0
         # select() works on pipes only where there is fork (POSIX); elsewhere (Windows) a
@@ -214,16 +218,27 @@ class Runner:
         self.lib = None
         self.workers_started = 0
         self.cancelled = False
+        self._starting = None     # the process of a worker that is starting, not yet up
 
     def cancel(self, kill=True):
-        """From another thread, when the run is over (-x, the crash cap): no worker starts
-        again and run() answers at once; kill: the worker is killed too (the case it runs
-        ends). The flag is set before the worker is looked at, and looked at again after a
-        worker starts (_ensure_worker), so one that is starting now is killed too."""
+        """From another thread, when the run is over (-x, the crash cap, the session's end):
+        no worker starts again and run() answers at once; a worker that is starting is killed
+        now (it runs no case, and waiting for it to be up would hold up the close by its start,
+        a few tenths of a second); kill: a worker that is up is killed too (the case it runs
+        ends). The flag is set before the workers are looked at, and looked at again once a
+        process exists (_spawned) and once a worker is up (_ensure_worker), so none escapes."""
         self.cancelled = True
+        starting = self._starting
+        if starting is not None and starting.poll() is None:
+            starting.kill()
         worker = self.worker
         if kill and worker is not None and worker.alive():
             worker.proc.kill()
+
+    def _spawned(self, proc):
+        self._starting = proc
+        if self.cancelled:
+            proc.kill()
 
     def close(self):
         if self.worker:
@@ -265,9 +280,16 @@ class Runner:
             self.worker = None
             if self.cancelled:
                 raise WorkerStartError(CANCELLED)
-            self.worker = Worker(self.library, backtrace=self.backtrace)
+            try:
+                self.worker = Worker(self.library, backtrace=self.backtrace, spawned=self._spawned)
+            except WorkerStartError:
+                if self.cancelled:      # killed while it started
+                    raise WorkerStartError(CANCELLED) from None
+                raise
+            finally:
+                self._starting = None
             self.workers_started += 1
-            if self.cancelled:      # cancel() came while it started, and found no worker to kill
+            if self.cancelled:      # cancel() came as it got up, and found no worker to kill
                 self.worker.proc.kill()
         return self.worker
 
