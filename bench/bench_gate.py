@@ -22,6 +22,10 @@ timed on an empty folder, in one process and with -n 2: a floor that neither the
 the engine can lower (on a machine with PYTHONDONTWRITEBYTECODE=1, it includes pytest
 compiling and rewriting every plugin's modules, e.g. all of hypothesis when its plugin is
 installed, in each process).
+4. Where Hypothesis's pytest plugin is installed (this project's test extra brings it), 1 and
+   3 are also run with it blocked (-p no:hypothesispytest), side by side with the runs above:
+   what pytest loads in a default install, where Hypothesis is only the explore extra. The
+   HEADLINE stays the run with every installed plugin, the less flattering one.
 """
 
 import argparse
@@ -62,6 +66,16 @@ def pytest_floor(extra):
         return time.perf_counter() - started
 
 
+NO_HYPOTHESIS = ["-p", "no:hypothesispytest"]
+
+
+def hypothesis_plugin_installed():
+    from importlib.metadata import entry_points
+    found = entry_points()
+    group = found.select(group="pytest11") if hasattr(found, "select") else found.get("pytest11", [])
+    return any(ep.name == "hypothesispytest" for ep in group)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="bench/bench_gate.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--ggml-src", metavar="DIR", help="ggml tree (default: the pinned default)")
@@ -71,13 +85,21 @@ def main(argv=None):
     source = resolve_source(args.ggml_src)
     library = ensure_build(source.root, BuildOptions()).library
     jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    # with and without Hypothesis's plugin alternate, so that both see the same machine
+    variants = [(), tuple(NO_HYPOTHESIS)] if hypothesis_plugin_installed() else [()]
+    ahead, two = {v: [] for v in variants}, {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="gradgate-bench-gate-") as folder:
         pytest_run(folder, extra + ["-k", "dup and none and not get_rows"])   # warm caches
-        ahead = [pytest_run(folder, extra) for _ in range(args.repeat)]
+        for _ in range(args.repeat):
+            for v in variants:
+                ahead[v].append(pytest_run(folder, extra + list(v)))
         one = [pytest_run(folder, extra + ["--gradgate-jobs", "1"]) for _ in range(args.repeat)]
-        two = [pytest_run(folder, extra + ["-n", "2"]) for _ in range(args.repeat)]
-    floor1 = statistics.median(pytest_floor([]) for _ in range(args.repeat))
-    floor2 = statistics.median(pytest_floor(["-n", "2"]) for _ in range(args.repeat))
+        for _ in range(args.repeat):
+            for v in variants:
+                two[v].append(pytest_run(folder, extra + ["-n", "2"] + list(v)))
+    floors = {v: (statistics.median(pytest_floor(list(v)) for _ in range(args.repeat)),
+                  statistics.median(pytest_floor(["-n", "2"] + list(v)) for _ in range(args.repeat)))
+              for v in variants}
     cases = bench_reference.suite_cases()
 
     def runner_alone(workers):
@@ -87,18 +109,19 @@ def main(argv=None):
 
     def med(runs, k):
         return statistics.median(r[k] for r in runs)
-    print(f"ggml {source.version} from {source.label}; {ahead[0][2]} cases; medians of {args.repeat}; {jobs} CPUs")
-    wall, durations = med(ahead, 0), med(ahead, 1)
+    floor1, floor2 = floors[()]
+    print(f"ggml {source.version} from {source.label}; {ahead[()][0][2]} cases; medians of {args.repeat}; {jobs} CPUs")
+    wall, durations = med(ahead[()], 0), med(ahead[()], 1)
     print(f"pytest --gradgate, one process, {jobs} cases at once: {wall:.1f} s wall; (a) its cases' own durations "
           f"add up to {durations:.1f} s: {wall / durations:.2f}x (goal: at most 1.3x; flattered by cases sharing "
           f"the cores); (b) the Runner alone, {jobs} workers, same cases: {alone[jobs]:.1f} s: "
-          f"{wall / alone[jobs]:.2f}x; exit {ahead[0][3]}")
+          f"{wall / alone[jobs]:.2f}x; exit {ahead[()][0][3]}")
     print(f"HEADLINE one process: {max(wall / durations, wall / alone[jobs]):.2f}x")
     wall_1, durations_1 = med(one, 0), med(one, 1)
     print(f"pytest --gradgate --gradgate-jobs 1: {wall_1:.1f} s wall; its cases' durations add up to "
           f"{durations_1:.1f} s: {wall_1 / durations_1:.2f}x (goal: at most 1.3x); the Runner alone, 1 worker: "
           f"{alone[1]:.1f} s: {wall_1 / alone[1]:.2f}x")
-    wall2 = med(two, 0)
+    wall2 = med(two[()], 0)
     print(f"pytest --gradgate -n 2: {wall2:.1f} s wall; the Runner alone, 2 workers, same cases: {alone[2]:.1f} s: "
           f"{wall2 / alone[2]:.2f}x (goal: at most 1.3x)")
     print(f"pytest's floor here (same pytest and plugins, empty folder): {floor1:.1f} s in one process, {floor2:.1f} s "
@@ -106,6 +129,15 @@ def main(argv=None):
           f"({(wall - floor1) / alone[jobs]:.2f}x), --gradgate-jobs 1 {wall_1 - floor1:.1f} s against "
           f"{durations_1:.1f} s of cases ({(wall_1 - floor1) / durations_1:.2f}x), -n 2 {wall2 - floor2:.1f} s "
           f"against the Runner's {alone[2]:.1f} s ({(wall2 - floor2) / alone[2]:.2f}x)")
+    blocked = tuple(NO_HYPOTHESIS)
+    if blocked in ahead:
+        wall_d, wall2_d = med(ahead[blocked], 0), med(two[blocked], 0)
+        print(f"default install (Hypothesis's plugin blocked, {' '.join(blocked)}; Hypothesis is only the explore "
+              f"extra): one process {wall_d:.1f} s: {wall_d / alone[jobs]:.2f}x the Runner alone; -n 2 "
+              f"{wall2_d:.1f} s: {wall2_d / alone[2]:.2f}x; pytest's floor {floors[blocked][0]:.1f} s / "
+              f"{floors[blocked][1]:.1f} s")
+    else:
+        print("Hypothesis's pytest plugin is not installed here: the figures above are a default install's")
     return 0
 
 
