@@ -67,16 +67,6 @@ def pytest_floor(extra):
         return time.perf_counter() - started
 
 
-NO_HYPOTHESIS = ["-p", "no:hypothesispytest"]
-
-
-def hypothesis_plugin_installed():
-    from importlib.metadata import entry_points
-    found = entry_points()
-    group = found.select(group="pytest11") if hasattr(found, "select") else found.get("pytest11", [])
-    return any(ep.name == "hypothesispytest" for ep in group)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(prog="bench/bench_gate.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--ggml-src", metavar="DIR", help="ggml tree (default: the pinned default)")
@@ -96,7 +86,7 @@ def main(argv=None):
     # the Runner alone moved between 9.4 and 12.0 s (medians of 3) from one bench run to the
     # next. The figures are medians over the repetitions of each repetition's ratio.
     # With and without Hypothesis's plugin alternate the same way.
-    variants = [(), tuple(NO_HYPOTHESIS)] if hypothesis_plugin_installed() else [()]
+    variants = [(), tuple(bench_reference.NO_HYPOTHESIS)] if bench_reference.hypothesis_plugin_installed() else [()]
     ahead, two = {v: [] for v in variants}, {v: [] for v in variants}
     floors = {v: ([], []) for v in variants}
     one, alone = [], {n: [] for n in sorted({1, 2, jobs})}
@@ -149,7 +139,7 @@ def main(argv=None):
           f"{med(f2):.1f} s with -n 2; beyond it, against the Runner alone: one process "
           f"{beyond(ahead[()], f1, alone[jobs])}, --gradgate-jobs 1 {beyond(one, f1, alone[1])}, "
           f"-n 2 {beyond(two[()], f2, alone[2])}")
-    blocked = tuple(NO_HYPOTHESIS)
+    blocked = tuple(bench_reference.NO_HYPOTHESIS)
     if blocked in ahead:
         g1, g2 = floors[blocked]
         print(f"default install (Hypothesis's plugin blocked, {' '.join(blocked)}; Hypothesis is only the explore "

@@ -73,5 +73,9 @@ def test_bench_reference_prints_both_ratios_and_the_per_evaluation_figure(defaul
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = proc.stdout
     for line in ("with both start-ups:", "without start-ups:", "HEADLINE per case:", "bare: ggml_graph_compute",
-                 "both alone (one case at a time, one lane;", "HEADLINE per evaluation:"):
+                 "both alone (one case at a time, one lane;", "HEADLINE per evaluation:",
+                 "with one case, process start to exit: median"):
         assert line in out, out
+    import bench_reference
+    if bench_reference.hypothesis_plugin_installed():     # the test extra brings it
+        assert "default install (-p no:hypothesispytest):" in out, out
