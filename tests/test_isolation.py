@@ -258,21 +258,23 @@ def test_a_cancelled_runner_starts_no_worker_and_kills_one_that_was_starting(def
         runner.start()
         up.set()
         finished.wait(60)     # a worker dies with the thread that started it (PR_SET_PDEATHSIG)
+    others = set(_worker_processes())     # other tests' workers in this process (xdist)
     try:
         starting = threading.Thread(target=start_and_stay)
         starting.start()
         deadline = time.monotonic() + 30
-        while not _worker_processes() and time.monotonic() < deadline:
+        while not set(_worker_processes()) - others and time.monotonic() < deadline:
             time.sleep(0.001)         # its process exists; it is not up yet (a few tenths of a second)
-        assert _worker_processes(), "no worker process started"
+        ours = set(_worker_processes()) - others
+        assert ours, "no worker process started"
         runner.cancel(kill=False)
         assert up.wait(60)
         assert runner.worker is None, "the worker was left to get up"
         assert runner.workers_started == 0
-        assert not _worker_processes(), "the starting worker was not killed"
+        assert not ours & set(_worker_processes()), "the starting worker was not killed"
         result = runner.run(case)
         assert (result.status, result.message) == ("error", CANCELLED)
-        assert runner.workers_started == 0 and not _worker_processes()
+        assert runner.workers_started == 0 and not set(_worker_processes()) - others
     finally:
         finished.set()
         runner.close()
