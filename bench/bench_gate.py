@@ -86,7 +86,7 @@ def main(argv=None):
     # the Runner alone moved between 9.4 and 12.0 s (medians of 3) from one bench run to the
     # next. The figures are medians over the repetitions of each repetition's ratio.
     # With and without Hypothesis's plugin alternate the same way.
-    variants = [(), tuple(bench_reference.NO_HYPOTHESIS)] if bench_reference.hypothesis_plugin_installed() else [()]
+    variants = bench_reference.plugin_variants()
     ahead, two = {v: [] for v in variants}, {v: [] for v in variants}
     floors = {v: ([], []) for v in variants}
     one, alone = [], {n: [] for n in sorted({1, 2, jobs})}
@@ -113,7 +113,7 @@ def main(argv=None):
     def ratio(runs, k, against):
         """Median and range of each repetition's runs[i][k] / against[i]."""
         each = [r[k] / a for r, a in zip(runs, against)]
-        return f"{med(each):.2f}x ({min(each):.2f}-{max(each):.2f}x)", med(each)
+        return bench_reference.spread(each), med(each)
 
     def beyond(runs, floor, against):
         each = [(r[0] - f) / a for r, f, a in zip(runs, floor, against)]
@@ -139,7 +139,7 @@ def main(argv=None):
           f"{med(f2):.1f} s with -n 2; beyond it, against the Runner alone: one process "
           f"{beyond(ahead[()], f1, alone[jobs])}, --gradgate-jobs 1 {beyond(one, f1, alone[1])}, "
           f"-n 2 {beyond(two[()], f2, alone[2])}")
-    blocked = tuple(bench_reference.NO_HYPOTHESIS)
+    blocked = bench_reference.NO_HYPOTHESIS
     if blocked in ahead:
         g1, g2 = floors[blocked]
         print(f"default install (Hypothesis's plugin blocked, {' '.join(blocked)}; Hypothesis is only the explore "

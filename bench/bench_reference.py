@@ -257,7 +257,7 @@ def per_evaluation_alone(cases, library, repeat):
 
 # blocks Hypothesis's pytest plugin: what pytest loads in a default install, where
 # Hypothesis is only the explore extra (bench_gate.py, the one-case start below)
-NO_HYPOTHESIS = ["-p", "no:hypothesispytest"]
+NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
 
 
 def hypothesis_plugin_installed():
@@ -265,6 +265,12 @@ def hypothesis_plugin_installed():
     found = entry_points()
     group = found.select(group="pytest11") if hasattr(found, "select") else found.get("pytest11", [])
     return any(ep.name == "hypothesispytest" for ep in group)
+
+
+def plugin_variants():
+    """The pytest arguments each timed pytest run is repeated with: as installed, and with
+    Hypothesis's plugin blocked where it is installed."""
+    return [(), NO_HYPOTHESIS] if hypothesis_plugin_installed() else [()]
 
 
 def pytest_start_to_first_case(tmp, extra=()):
@@ -471,7 +477,7 @@ def _bench(args):
         ratios = {k: [r[k] / r["bare"] for r in alone] for k in ("numeric", "engine")}
         print(f"  both alone (one case at a time, one lane; each repetition's bare right after its run), "
               f"{len(alone)} repetitions: bare {statistics.median(r['bare'] for r in alone) * 1e6:.1f} us; numeric loop "
-              f"{_spread(ratios['numeric'])}; whole engine {_spread(ratios['engine'])}")
+              f"{spread(ratios['numeric'])}; whole engine {spread(ratios['engine'])}")
         numeric_s, engine_s, bare_s = evals["numeric"], evals["engine"], evals["bare"]
         print(f"  ours {args.jobs} case(s) at once as in the table above (lanes on idle cores, counted in their CPU "
               f"time), the bare compute alone after every run: bare {bare_s * 1e6:.1f} us; numeric loop "
@@ -493,7 +499,7 @@ def _bench(args):
     with tempfile.TemporaryDirectory(prefix="gradgate-bench-start-") as tmp:
         # as installed here, and with Hypothesis's plugin blocked (a default install, where
         # Hypothesis is only the explore extra), alternating
-        variants = [(), tuple(NO_HYPOTHESIS)] if hypothesis_plugin_installed() else [()]
+        variants = plugin_variants()
         times = {v: [] for v in variants}
         for _ in range(3):
             for v in variants:
@@ -517,7 +523,7 @@ def _bench(args):
     return 0
 
 
-def _spread(values):
+def spread(values):
     """'1.21x (1.15-1.30x)': the median and the range of ratios."""
     return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f}x)"
 

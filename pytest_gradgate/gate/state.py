@@ -39,6 +39,8 @@ class GateState:
         self._runner = None
         self._early_thread = None       # start_early: the first worker, started while pytest collects
         self._early = None              # ... and what it made: (build, runner, ggml version)
+        self._early_ready = None        # set once it is done
+        self._early_release = None      # set at close: its thread may end (its worker is closed)
         self._ahead = None              # gate/ahead.py: the coming items' cases, run in the background
         self._extra_runners = []        # the Ahead's runners beyond the first (self._runner)
         self.results = []
@@ -104,7 +106,8 @@ class GateState:
             import importlib.util  # noqa: F401
         options = self.build_options()
 
-        ready, self._early_release = threading.Event(), threading.Event()
+        ready = self._early_ready = threading.Event()
+        self._early_release = threading.Event()
 
         def start():
             try:
@@ -123,7 +126,6 @@ class GateState:
         self._early = None
         self._early_thread = threading.Thread(target=start, name="gradgate-early-start", daemon=True)
         self._early_thread.start()
-        self._early_ready = ready
 
     def _take_early_start(self):
         """What start_early made, once it is done (build, runner, facts); nothing if it found no build."""
