@@ -6,6 +6,7 @@ Before the package data moved into the package, the wheel had no native/ sources
 the plugin failed, and every pytest run in such an environment exited 3.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -113,6 +114,28 @@ def test_pytest_gradgate_from_an_empty_folder(venv, tmp_path, default_build):
     assert "gradgate: ggml 0.15.3 from default" in text and " passed" in text
     code, text = run([str(venv / "bin" / "gradgate"), "--version"], cwd=tmp_path, env=clean_env())
     assert code == 0 and text.strip() == f"gradgate (pytest-gradgate) {pytest_gradgate.__version__}", text
+
+
+def test_pytest_loads_the_installed_plugin_without_rewriting_it(venv, tmp_path):
+    """pytest rewrites the asserts of an installed plugin's modules, recompiling each in every
+    process where bytecode is not written (the package takes itself off that list, see
+    pytest_gradgate/__init__.py). Only the package's own __init__, imported by the entry
+    point before it can say so, goes through the rewriter; and pytest says nothing of it."""
+    (tmp_path / "conftest.py").write_text(
+        "import json, sys\n\n"
+        "def pytest_unconfigure(config):\n"
+        "    rewritten = sorted(n for n, m in sys.modules.items() if n.startswith('pytest_gradgate') and\n"
+        "                       type(getattr(m, '__loader__', None)).__name__ == 'AssertionRewritingHook')\n"
+        "    loaded = sorted(n for n in sys.modules if n.startswith('pytest_gradgate'))\n"
+        "    open('modules.json', 'w').write(json.dumps({'rewritten': rewritten, 'loaded': loaded}))\n")
+    code, text = run([str(venv / "bin" / "python"), "-m", "pytest", "--gradgate", "--collect-only", "-q",
+                      "-p", "no:cacheprovider", "-W", "error::pytest.PytestAssertRewriteWarning"],
+                     cwd=tmp_path, env=clean_env(PYTHONDONTWRITEBYTECODE="1"))
+    assert code == 0, text
+    modules = json.loads((tmp_path / "modules.json").read_text())
+    assert "pytest_gradgate.declare.loader" in modules["loaded"], modules   # the collection ran
+    assert modules["rewritten"] == ["pytest_gradgate"], modules
+    assert "PytestAssertRewriteWarning" not in text, text
 
 
 def test_hypothesis_is_the_explore_extra_and_explore_without_it_says_so(dist, venv, tmp_path):
