@@ -239,6 +239,40 @@ def test_json_report_under_xdist_has_every_workers_cases(pytester, ggml_variant)
     assert set(cases_by_id(pytester.path / "r.json")) == {SQR_ID, SUM_ID}
 
 
+WIRE_PLUGIN = """
+import json
+seen = []
+
+def pytest_configure(config):
+    seen.append(config)
+
+def pytest_runtest_logreport(report):
+    config = seen[0]
+    if getattr(report, "gradgate_result", None) is None:
+        return
+    data = config.hook.pytest_report_to_serializable(config=config, report=report)
+    # what crosses pytest-xdist's channel: plain data
+    back = config.hook.pytest_report_from_serializable(config=config, data=json.loads(json.dumps(data)))
+    seen.append([type(data["gradgate_result"]).__name__, back.gradgate_result == report.gradgate_result])
+
+def pytest_sessionfinish(session):
+    open("wire.json", "w").write(json.dumps(seen[1:]))
+"""
+
+
+def test_a_result_crosses_xdists_channel_as_one_string_and_arrives_whole(pytester, default_ggml):
+    """pytest-xdist serializes each report field by field, value by value: the result goes as
+    one JSON string instead, and the controller's report holds the same dict again."""
+    pytester.makepyfile(wire_plugin=WIRE_PLUGIN)
+    (pytester.path / "one.yaml").write_text("cases:\n  - name: one\n    graph: add(a, b)\n"
+                                            "    params: {a: [4, 3], b: [4, 3]}\n    consumers: [none, transpose]\n")
+    result = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "--gradgate-cases", "one.yaml",
+                                           "--gradgate-ggml-src", str(default_ggml), "-p", "wire_plugin",
+                                           "-p", "no:cacheprovider")
+    assert result.ret == 0, result.stdout.str()
+    assert json.loads((pytester.path / "wire.json").read_text()) == [["str", True], ["str", True]]
+
+
 # -- the output formats, as plain functions -----------------------------------------------------
 def test_json_report_turns_non_finite_floats_into_valid_json():
     """test-backend-ops lets MAA = NaN pass; our report keeps it, as a string JSON can hold."""
