@@ -27,6 +27,8 @@ installed, in each process).
    3 are also run with it blocked (-p no:hypothesispytest), side by side with the runs above:
    what pytest loads in a default install, where Hypothesis is only the explore extra. The
    HEADLINE stays the run with every installed plugin, the less flattering one.
+The header says which pytest-gradgate is measured: the one this Python imports. For what
+`pip install .` gives, run the bench with the Python of a venv that has the wheel installed.
 """
 
 import argparse
@@ -119,7 +121,7 @@ def main(argv=None):
         each = [(r[0] - f) / a for r, f, a in zip(runs, floor, against)]
         return f"{med(each):.2f}x"
     print(f"ggml {source.version} from {source.label}; {ahead[()][0][2]} cases; {args.repeat} repetitions, "
-          f"medians and ranges over them; {jobs} CPUs")
+          f"medians and ranges over them; {jobs} CPUs; {bench_reference.install_description()}")
     wall, durations = med(r[0] for r in ahead[()]), med(r[1] for r in ahead[()])
     by_durations, h1 = ratio(ahead[()], 0, [r[1] for r in ahead[()]])
     by_alone, h2 = ratio(ahead[()], 0, alone[jobs])

@@ -267,6 +267,27 @@ def hypothesis_plugin_installed():
     return any(ep.name == "hypothesispytest" for ep in group)
 
 
+def install_description():
+    """Which pytest-gradgate the bench measures. pytest rewrites the asserts of an installed
+    plugin's modules, not of an editable install's (pytest_gradgate/__init__.py takes the
+    package off that list, but a tree from before that did not): say which this is."""
+    from importlib.metadata import PackageNotFoundError, distribution
+    where = Path(pytest_gradgate.__file__).resolve().parent
+    try:
+        dist = distribution("pytest-gradgate")
+    except PackageNotFoundError:
+        dist = None
+    if dist is not None:
+        direct = json.loads(dist.read_text("direct_url.json") or "{}")
+        if direct.get("dir_info", {}).get("editable"):
+            checkout = Path(direct.get("url", "").removeprefix("file://")).resolve()
+            if where.parent == checkout:
+                return f"pytest-gradgate {pytest_gradgate.__version__}, an editable install of {checkout}"
+        elif Path(dist.locate_file("pytest_gradgate/__init__.py")).resolve().parent == where:
+            return f"pytest-gradgate {pytest_gradgate.__version__}, installed at {where}"
+    return f"pytest-gradgate {pytest_gradgate.__version__} from {where} (on the path, not the installed one)"
+
+
 def plugin_variants():
     """The pytest arguments each timed pytest run is repeated with: as installed, and with
     Hypothesis's plugin blocked where it is installed."""
@@ -363,7 +384,7 @@ def _bench(args):
     source = resolve_source(args.ggml_src)
     load = os.getloadavg()[0]
     print(f"bench_reference: ggml {source.version} from {source.label}; {os.cpu_count()} cores, "
-          f"load average {load:.1f} (figures are noisy on a shared machine)")
+          f"load average {load:.1f} (figures are noisy on a shared machine); {install_description()}")
 
     # builds: warm = what every run pays; cold = what the first run paid (recorded) or --cold
     started = time.perf_counter()

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import pytest_gradgate
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name != "reference.py")   # reference.py: a module
 
@@ -74,7 +76,7 @@ def test_bench_reference_prints_both_ratios_and_the_per_evaluation_figure(defaul
     out = proc.stdout
     for line in ("with both start-ups:", "without start-ups:", "HEADLINE per case:", "bare: ggml_graph_compute",
                  "both alone (one case at a time, one lane;", "HEADLINE per evaluation:",
-                 "with one case, process start to exit: median"):
+                 "with one case, process start to exit: median", f"pytest-gradgate {pytest_gradgate.__version__}, "):
         assert line in out, out
     import bench_reference
     if bench_reference.hypothesis_plugin_installed():     # the test extra brings it
