@@ -27,6 +27,10 @@ installed, in each process).
    3 are also run with it blocked (-p no:hypothesispytest), side by side with the runs above:
    what pytest loads in a default install, where Hypothesis is only the explore extra. The
    HEADLINE stays the run with every installed plugin, the less flattering one.
+5. CPU seconds of every process of each run (pytest's, its case workers' and their children's;
+   the Runner alone's bench child and everything under it, its interpreter start included):
+   what the pytest layer adds in work, whatever else the machine does. On a shared machine
+   they move far less than wall time, and with both cores busy wall time follows them.
 The header says which pytest-gradgate is measured: the one this Python imports. For what
 `pip install .` gives, run the bench with the Python of a venv that has the wheel installed.
 """
@@ -47,26 +51,35 @@ from pytest_gradgate.build.options import BuildOptions
 from pytest_gradgate.build.source import resolve_source
 
 
+def timed(cmd, cwd):
+    """(wall s, CPU s of the process and every process under it, exit code, output)."""
+    with tempfile.TemporaryFile() as out:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    return wall, usage.ru_utime + usage.ru_stime, os.waitstatus_to_exitcode(status), text
+
+
 def pytest_run(folder, extra):
+    """(wall s, the cases' durations summed, cases, exit code, CPU s of every process)."""
     report = Path(folder) / "r.json"
     cmd = [sys.executable, "-m", "pytest", "--gradgate", "-q", "-p", "no:cacheprovider", "--gradgate-json",
            str(report), *extra]
-    started = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wall = time.perf_counter() - started
+    wall, cpu, code, text = timed(cmd, folder)
     if not report.is_file():
-        raise SystemExit(f"pytest --gradgate did not write its report (exit {proc.returncode}):\n{proc.stdout[-2000:]}")
+        raise SystemExit(f"pytest --gradgate did not write its report (exit {code}):\n{text[-2000:]}")
     cases = json.loads(report.read_text())["cases"]
-    return wall, sum(c.get("duration") or 0.0 for c in cases), len(cases), proc.returncode
+    return wall, sum(c.get("duration") or 0.0 for c in cases), len(cases), code, cpu
 
 
 def pytest_floor(extra):
-    """Wall seconds of the same pytest on an empty folder: start, plugins, no test."""
+    """(wall s, CPU s) of the same pytest on an empty folder: start, plugins, no test."""
     with tempfile.TemporaryDirectory(prefix="gradgate-bench-floor-") as folder:
-        started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra], cwd=folder,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return time.perf_counter() - started
+        wall, cpu, _, _ = timed([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra], folder)
+        return wall, cpu
 
 
 def main(argv=None):
@@ -80,8 +93,11 @@ def main(argv=None):
     jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     cases = bench_reference.suite_cases()
 
+    cpu_alone = {}
+
     def runner_alone(workers):
         r = bench_reference.run_ours(cases, library, workers)[0]
+        cpu_alone.setdefault(workers, []).append(r["cpu_s"])
         return r["startup_s"] + r["wall_s"]
     # Every repetition runs each pytest variant, then the Runner alone that it is compared
     # with, so that both sides of a ratio see the same machine: on this shared 2-core machine
@@ -91,6 +107,7 @@ def main(argv=None):
     variants = bench_reference.plugin_variants()
     ahead, two = {v: [] for v in variants}, {v: [] for v in variants}
     floors = {v: ([], []) for v in variants}
+    floor_cpu = {v: ([], []) for v in variants}
     one, alone = [], {n: [] for n in sorted({1, 2, jobs})}
     with tempfile.TemporaryDirectory(prefix="gradgate-bench-gate-") as folder:
         pytest_run(folder, extra + ["-k", "dup and none and not get_rows"])   # warm caches
@@ -106,8 +123,9 @@ def main(argv=None):
             if 2 != jobs:
                 alone[2].append(runner_alone(2))
             for v in variants:
-                floors[v][0].append(pytest_floor(list(v)))
-                floors[v][1].append(pytest_floor(["-n", "2"] + list(v)))
+                for k, floor in enumerate((pytest_floor(list(v)), pytest_floor(["-n", "2"] + list(v)))):
+                    floors[v][k].append(floor[0])
+                    floor_cpu[v][k].append(floor[1])
 
     def med(values):
         return statistics.median(values)
@@ -141,6 +159,17 @@ def main(argv=None):
           f"{med(f2):.1f} s with -n 2; beyond it, against the Runner alone: one process "
           f"{beyond(ahead[()], f1, alone[jobs])}, --gradgate-jobs 1 {beyond(one, f1, alone[1])}, "
           f"-n 2 {beyond(two[()], f2, alone[2])}")
+    # CPU seconds: what every process of a run did, whatever else the machine was doing. On a
+    # shared machine they move far less than wall time; with the cores saturated (the Runner
+    # alone keeps both busy) wall time follows them
+    for v in variants:
+        label = "as installed" if v == () else f"{' '.join(v)}"
+        one_cpu, two_cpu = ratio(ahead[v], 4, cpu_alone[jobs]), ratio(two[v], 4, cpu_alone[2])
+        print(f"CPU seconds of every process ({label}): one process {med(r[4] for r in ahead[v]):.1f} s, "
+              f"{one_cpu[0]} the Runner alone's ({med(cpu_alone[jobs]):.1f} s, its process start included); "
+              f"-n 2 {med(r[4] for r in two[v]):.1f} s, {two_cpu[0]} the Runner alone's with 2 workers "
+              f"({med(cpu_alone[2]):.1f} s); pytest's floor {med(floor_cpu[v][0]):.1f} s / "
+              f"{med(floor_cpu[v][1]):.1f} s")
     blocked = bench_reference.NO_HYPOTHESIS
     if blocked in ahead:
         g1, g2 = floors[blocked]

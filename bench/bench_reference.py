@@ -120,7 +120,8 @@ def _run_ours_child(spec_path):
 
 def run_ours(cases, library, jobs, isolate="case", env=None):
     """(timings dict, peak RSS in KiB of the child's tree) for our Runner on these cases;
-    `env`: more environment for the bench child (and so for its workers)."""
+    `env`: more environment for the bench child (and so for its workers). timings["cpu_s"]:
+    the CPU seconds of the bench child and every process under it (its start included)."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as spec:
         json.dump({"cases": [c.to_dict() for c in cases], "library": str(library), "jobs": jobs,
                    "isolate": isolate}, spec)
@@ -133,7 +134,9 @@ def run_ours(cases, library, jobs, isolate="case", env=None):
             text = out.read().decode(errors="replace")
         if os.waitstatus_to_exitcode(status) != 0:
             raise RuntimeError(f"our bench child failed:\n{text[-2000:]}")
-        return json.loads(text.strip().splitlines()[-1]), usage.ru_maxrss
+        timings = json.loads(text.strip().splitlines()[-1])
+        timings["cpu_s"] = usage.ru_utime + usage.ru_stime
+        return timings, usage.ru_maxrss
     finally:
         os.unlink(spec.name)
 
