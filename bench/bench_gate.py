@@ -42,7 +42,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import bench_reference
@@ -53,14 +52,8 @@ from pytest_gradgate.build.source import resolve_source
 
 def timed(cmd, cwd):
     """(wall s, CPU s of the process and every process under it, exit code, output)."""
-    with tempfile.TemporaryFile() as out:
-        started = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - started
-        out.seek(0)
-        text = out.read().decode(errors="replace")
-    return wall, usage.ru_utime + usage.ru_stime, os.waitstatus_to_exitcode(status), text
+    wall, usage, code, text = bench_reference.run_measured(cmd, cwd=cwd, stderr=subprocess.STDOUT)
+    return wall, usage.ru_utime + usage.ru_stime, code, text
 
 
 def pytest_run(folder, extra):
@@ -163,7 +156,7 @@ def main(argv=None):
     # shared machine they move far less than wall time; with the cores saturated (the Runner
     # alone keeps both busy) wall time follows them
     for v in variants:
-        label = "as installed" if v == () else f"{' '.join(v)}"
+        label = "as installed" if v == () else " ".join(v)
         one_cpu, two_cpu = ratio(ahead[v], 4, cpu_alone[jobs]), ratio(two[v], 4, cpu_alone[2])
         print(f"CPU seconds of every process ({label}): one process {med(r[4] for r in ahead[v]):.1f} s, "
               f"{one_cpu[0]} the Runner alone's ({med(cpu_alone[jobs]):.1f} s, its process start included); "

@@ -60,20 +60,26 @@ params_regex = reference.params_regex
 
 
 # -- test-backend-ops side --------------------------------------------------------------------
+def run_measured(cmd, cwd=None, env=None, stderr=None):
+    """(wall s, rusage of the process and every process under it, exit code, its stdout) of
+    one command; `stderr` as subprocess takes it (subprocess.STDOUT: into the output)."""
+    with tempfile.TemporaryFile() as out:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=stderr)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    return wall, usage, os.waitstatus_to_exitcode(status), text
+
+
 def run_tbo(binary, op, params=None):
     """(RefRun, peak RSS in KiB) of one test-backend-ops grad run, timed with its start-up."""
     cmd = [str(binary), "grad", "-b", "CPU", "-o", op] + (["-p", params] if params else [])
     env = dict(os.environ, GGML_NO_BACKTRACE="1")
     env.pop(reference.REPORT_ENV, None)
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        started = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        cases = reference.parse_grad_output(out.read().decode(errors="replace"))
-    return reference.RefRun(op, cases, proc.returncode, None, wall), usage.ru_maxrss
+    wall, usage, code, text = run_measured(cmd, env=env, stderr=subprocess.DEVNULL)
+    return reference.RefRun(op, reference.parse_grad_output(text), code, None, wall), usage.ru_maxrss
 
 
 # -- our side, in a child process (its own process tree, for peak memory) ---------------------
@@ -126,13 +132,9 @@ def run_ours(cases, library, jobs, isolate="case", env=None):
         json.dump({"cases": [c.to_dict() for c in cases], "library": str(library), "jobs": jobs,
                    "isolate": isolate}, spec)
     try:
-        with tempfile.TemporaryFile() as out:
-            proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--run-ours", spec.name],
-                                    stdout=out, env=dict(os.environ, **(env or {})))
-            _, status, usage = os.wait4(proc.pid, 0)
-            out.seek(0)
-            text = out.read().decode(errors="replace")
-        if os.waitstatus_to_exitcode(status) != 0:
+        _, usage, code, text = run_measured([sys.executable, str(Path(__file__).resolve()), "--run-ours", spec.name],
+                                            env=dict(os.environ, **(env or {})))
+        if code != 0:
             raise RuntimeError(f"our bench child failed:\n{text[-2000:]}")
         timings = json.loads(text.strip().splitlines()[-1])
         timings["cpu_s"] = usage.ru_utime + usage.ru_stime
