@@ -82,7 +82,13 @@ def _runs_cases_here(config):
 
 def pytest_collection_modifyitems(session, config, items):
     state = config.stash.get(STATE, None)
-    if state is not None and state.explore:
+    if state is None or not state.enabled:
+        return
+    # the long cases first (gate/order.py); --ff and --nf still get the last word: their hooks wrap this one
+    from pytest_gradgate.gate.items import CaseItem
+    from pytest_gradgate.gate.order import long_first
+    items[:] = long_first(items, lambda item: item.case if isinstance(item, CaseItem) else None)
+    if state.explore:
         from pytest_gradgate.gate import explore
         explore.collect(session, items)
 

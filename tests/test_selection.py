@@ -1,6 +1,6 @@
 """What a run selects and under which config, through real `pytest --gradgate` runs:
-built-in ids pasted back, `file.yaml::id`, --lf/--ff/--sw, the fixture's marker, and a ggml
-tree given with a space that must not become pytest's rootdir.
+built-in ids pasted back, `file.yaml::id`, --lf/--ff/--sw, the fixture's marker, a ggml
+tree given with a space that must not become pytest's rootdir, and the order items run in.
 
 Each test names what it caught before the change that it guards.
 """
@@ -12,6 +12,8 @@ import re
 import pytest
 
 from pytest_gradgate.build.cache import cache_root
+from pytest_gradgate.declare.case import Case
+from pytest_gradgate.gate.order import LONG_WORK, estimated_work, long_first
 
 USER_CACHE = cache_root()      # read before pytester moves HOME
 DUP_ID = "pytest_gradgate/cases.yaml::dup[none-sqr-cpu]"
@@ -116,3 +118,49 @@ def test_the_tree_under_test_never_becomes_rootdir_or_config(pytester, default_g
     assert "configfile" not in out
     assert f"gradgate: ggml 0.15.3 from {tree}" in out
     assert result.parseoutcomes()["passed"] >= 1
+
+
+LONG_LAST = """\
+cases:
+  - name: short_add
+    params: {a: [4, 3], b: [4, 3]}
+    graph: add(a, b)
+    consumers: [none, transpose]
+  - name: long_sqr           # a million elements in fast mode: far more work than the others
+    params: {a: [1024, 1024]}
+    graph: sqr(a)
+    mode: fast
+    consumers: [none, transpose]
+  - name: short_neg
+    params: {a: [4, 3]}
+    graph: neg(a)
+    consumers: [none]
+    producers: [none]
+"""
+
+
+def test_long_cases_run_first_and_the_rest_as_collected(pytester):
+    """Before: items ran in file order, so the suite's long fast-mode cases came last, and
+    under -n 2 two of them could land on one xdist worker while the other core idled."""
+    pytester.makefile(".yaml", gradgate_mine=LONG_LAST)
+    args = ["--gradgate", "--gradgate-no-builtin", "--gradgate-cases", "gradgate_mine.yaml", "-p", "no:cacheprovider"]
+    result = pytester.runpytest_subprocess(*args, "-v")
+    assert result.ret == 0, result.stdout.str()
+    assert [i.split("::")[1] for i in ran(result)] == [
+        "long_sqr[none-sqr-cpu]", "long_sqr[transpose-sqr-cpu]",
+        "short_add[none-sqr-cpu]", "short_add[transpose-sqr-cpu]", "short_neg[none-sqr-cpu]"]
+    # xdist runs a collection only if every worker collected the same items in the same order
+    spread = pytester.runpytest_subprocess(*args, "-n", "2")
+    assert spread.ret == 0, spread.stdout.str()
+    spread.assert_outcomes(passed=5)
+
+
+def test_long_first_moves_only_the_long_cases_and_leaves_other_items_in_place():
+    small = [Case(name=f"s{k}", graph="neg(a)", params={"a": [4, 3]}) for k in range(3)]
+    long_ = Case(name="long", graph="sqr(a)", params={"a": [1024, 1024]}, mode="fast")
+    longer = Case(name="longer", graph="sqr(a)", params={"a": [2048, 1024]}, mode="fast")
+    assert estimated_work(small[0]) < LONG_WORK <= estimated_work(long_) < estimated_work(longer)
+    entries = ["test_py_item", small[0], long_, "other_item", small[1], longer, small[2]]
+    assert long_first(entries, lambda e: e if isinstance(e, Case) else None) == [
+        "test_py_item", longer, long_, "other_item", small[0], small[1], small[2]]
+    assert long_first(small) == small

@@ -1,0 +1,47 @@
+"""The order the gate's items run in: the long cases first, every other one as collected.
+
+Cases run side by side: several at once in one pytest process (--gradgate-jobs), or spread
+over pytest-xdist's workers. A long case that comes last runs alone while the other cores
+idle. The built-in suite's longest cases (fast-mode ones, at 0.2-2 s each against at most
+0.1 s for the rest) sit at its end, in cases_fast.yaml. Under `-n 2`, xdist's load
+scheduling hands out the last items in small contiguous chunks, so two of them could land
+on one worker: the other core then idled for seconds, in some runs and not in others. Run
+first, they are over while xdist still has short cases to hand to whichever worker is free.
+
+The order must be the same in every xdist worker (xdist refuses workers that collected
+different orders), so it is computed from the cases alone, not from timings of earlier runs.
+It is stable: only the long cases move, and each keeps its place among them.
+"""
+
+# Work, in "element-evaluations", from which a case counts as long. In the built-in suite
+# the five cases above it took 0.2-1.9 s each and the rest at most 0.1 s (under -n 2 on 2
+# cores): all its full-mode and equivalence cases are below it, and its smaller fast-mode ones
+LONG_WORK = 4_000_000
+
+
+def estimated_work(case):
+    """A rough guess of a case's work: the forward evaluations its check takes, times its
+    param elements (each evaluation runs the whole graph, which reads every one of them)."""
+    n = case.n_param_elements()
+    if case.equivalent:                     # each formulation once: no finite differences
+        return n * len(case.equivalent)
+    if case.mode == "fast":
+        return n * case.directions * case.stencil
+    return n * n * case.stencil             # full mode: `stencil` evaluations per element
+
+
+def long_first(entries, case_of=lambda entry: entry):
+    """`entries` reordered: those whose case counts as long first, the longest first; the
+    rest as they were. case_of(entry): its Case, or None for an entry that is not a case's
+    (it keeps its place)."""
+    entries = list(entries)
+    slots = [i for i, e in enumerate(entries) if case_of(e) is not None]
+    cases = [entries[i] for i in slots]
+    work = {id(e): estimated_work(case_of(e)) for e in cases}
+    long = sorted((e for e in cases if work[id(e)] >= LONG_WORK), key=lambda e: -work[id(e)])
+    if not long:
+        return entries
+    rest = [e for e in cases if work[id(e)] < LONG_WORK]
+    for i, e in zip(slots, long + rest):
+        entries[i] = e
+    return entries
