@@ -48,6 +48,12 @@ from pytest_gradgate.declare.case import DEFAULT_THREADS, Case
 from pytest_gradgate.errors import GradgateError
 from pytest_gradgate.isolation.parent import Runner
 from pytest_gradgate.declare.loader import load_file
+try:
+    from pytest_gradgate.gate.order import long_first
+except ImportError:     # an older pytest-gradgate (before-and-after figures) runs its cases as collected
+    def long_first(cases):
+        return list(cases)
+from pytest_gradgate.gate.selection import BUILTIN_FILES
 from pytest_gradgate.build.source import resolve_source
 
 DEFAULT_OPS = ("SQR", "SQRT", "LOG", "SIN", "COS", "SUM", "MEAN", "SUM_ROWS", "REPEAT", "SCALE", "CONT", "DUP",
@@ -55,7 +61,7 @@ DEFAULT_OPS = ("SQR", "SQRT", "LOG", "SIN", "COS", "SUM", "MEAN", "SUM_ROWS", "R
 # narrows what the discovery run of an op executes (MUL_MAT alone has >1000 grad cases, minutes)
 DISCOVERY_FILTER = {"MUL_MAT": r"type_a=f32,type_b=f32,m=16,n=[0-9]+,k=256,bs=\[1,1\],nr=\[1,1\],per=\[0,1,2,3\]"}
 DISCOVERY_TIMEOUT_S = 60
-SUITE_FILES = [Path(pytest_gradgate.__file__).parent / n for n in ("cases.yaml", "cases_fast.yaml")]
+SUITE_FILES = BUILTIN_FILES    # every built-in file, as `pytest --gradgate` collects them
 params_regex = reference.params_regex
 
 
@@ -97,9 +103,17 @@ def _run_ours_child(spec_path):
         for r in runners[1:]:
             r.run(cases[0])                   # warm the other workers too (not timed)
         results = [None] * len(cases)
+        # each worker takes the next case when it is free, as the gate's threads and xdist's
+        # scheduler do (a fixed split left one worker idle at the end while the other ran long cases)
+        upcoming = iter(range(len(cases)))
+        take = threading.Lock()
 
         def work(k):
-            for i in range(k, len(cases), jobs):
+            while True:
+                with take:
+                    i = next(upcoming, None)
+                if i is None:
+                    return
                 results[i] = runners[k].run(cases[i])
         started = time.perf_counter()
         threads = [threading.Thread(target=work, args=(k,)) for k in range(jobs)]
@@ -351,12 +365,14 @@ def fast_mode_figures(default_root, progress=print):
 
 
 def suite_cases(backends=("cpu",)):
+    """The built-in suite's cases, in the order `pytest --gradgate` runs them (gate/order.py),
+    so that the Runner alone gets the same long-cases-first schedule as the gate."""
     cases = []
     for path in SUITE_FILES:
         if path.is_file():
             loaded, _ = load_file(path, backends, builtin=True)
             cases += [c for entry in loaded for c in entry.cases]
-    return cases
+    return long_first(cases)
 
 
 def fmt_rate(n, seconds):
