@@ -95,13 +95,16 @@ def _run_ours_child(spec_path):
     jobs = max(1, min(spec["jobs"], len(cases) or 1))
     runners = [Runner(spec["library"], isolate=spec["isolate"]) for _ in range(jobs)]
     out = {"startup_s": 0.0, "wall_s": 0.0, "statuses": {}, "per_case": []}
+    # the case that starts the workers: the first, or (bench_gate) the smallest, since a long
+    # case that the gate runs first would otherwise be run once per worker more, one at a time
+    warm = cases[spec.get("warm", 0)] if cases else None
     try:
         started = time.perf_counter()
         if cases:
-            runners[0].run(cases[0])          # start-up to the first case: worker start + one case
+            runners[0].run(warm)              # start-up to the first case: worker start + one case
         out["startup_s"] = time.perf_counter() - started
         for r in runners[1:]:
-            r.run(cases[0])                   # warm the other workers too (not timed)
+            r.run(warm)                       # warm the other workers too (not timed)
         results = [None] * len(cases)
         # each worker takes the next case when it is free, as the gate's threads and xdist's
         # scheduler do (a fixed split left one worker idle at the end while the other ran long cases)
@@ -138,13 +141,15 @@ def _run_ours_child(spec_path):
     return 0
 
 
-def run_ours(cases, library, jobs, isolate="case", env=None):
+def run_ours(cases, library, jobs, isolate="case", env=None, warm=0):
     """(timings dict, peak RSS in KiB of the child's tree) for our Runner on these cases;
-    `env`: more environment for the bench child (and so for its workers). timings["cpu_s"]:
-    the CPU seconds of the bench child and every process under it (its start included)."""
+    `env`: more environment for the bench child (and so for its workers); `warm`: the index of
+    the case that starts each worker (run once more, untimed, on every worker but the first).
+    timings["cpu_s"]: the CPU seconds of the bench child and every process under it (its
+    start included)."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as spec:
         json.dump({"cases": [c.to_dict() for c in cases], "library": str(library), "jobs": jobs,
-                   "isolate": isolate}, spec)
+                   "isolate": isolate, "warm": warm}, spec)
     try:
         _, usage, code, text = run_measured([sys.executable, str(Path(__file__).resolve()), "--run-ours", spec.name],
                                             env=dict(os.environ, **(env or {})))
