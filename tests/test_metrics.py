@@ -61,6 +61,37 @@ def test_a_nan_never_passes(side):
     assert m["first_nonfinite"] == [3, 0, 0, 0]
 
 
+def verdict_inputs():
+    """(analytic, numeric, noise) pairs around the limit: agreeing, off by a little and by much,
+    noisy, both zero, NaN and Inf on either side, empty."""
+    rng = np.random.default_rng(7)
+    n = gradient()
+    out = []
+    for rel in (0.0, 1e-5, 1e-4, 2e-4, 3e-4, 5e-4, 1e-2, 1.0):
+        out.append((n * (1 + rel * rng.normal(0, 1, n.size)), n, 0.0))
+        out.append((n * (1 + rel), n, np.abs(n) * rel * rng.uniform(0, 2, n.size)))
+    zeros = n.copy()
+    zeros[:20] = 0.0
+    out.append((zeros * (1 + 1e-3), zeros, 1e-6))
+    out.append((np.zeros(5), np.zeros(5), 0.0))
+    out.append((np.zeros(0), np.zeros(0), 0.0))
+    for bad in (np.nan, np.inf, -np.inf):
+        for side in (0, 1):
+            pair = [n.copy(), n.copy()]
+            pair[side][4] = bad
+            out.append((*pair, 0.0))
+    return out
+
+
+@pytest.mark.parametrize("k", range(len(verdict_inputs())))
+def test_the_lean_verdict_is_compares_verdict(k):
+    """The power probe judges its scrambles with verdict(), not compare(): the same MAA and the
+    same pass or fail, or a case's power would be claimed on another rule than its verdict."""
+    a, n, noise = verdict_inputs()[k]
+    m = metrics.compare(a, n, noise, LIMIT)
+    assert metrics.verdict(a, n, noise, LIMIT) == (m["maa"], m["passed"])
+
+
 def test_numeric_noise_two_point_is_roundoff_only():
     noise = metrics.numeric_noise(10.0, 0.1, np.ones(5))
     assert np.allclose(noise, metrics.F32_EPS * 10.0 / 0.1)

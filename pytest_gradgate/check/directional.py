@@ -146,7 +146,7 @@ def check(g, session, gf, t, loss, case, analytic, loss_scale):
     # the power probe's parameter gradients are compared along the same directions
     out = {"analytic": projected, "numeric": numeric, "noise": noise, "report": report,
            "project": lambda values: dirs.astype(np.float64) @ values}
-    if not metrics.compare(projected, numeric, noise, case.max_maa)["passed"]:
+    if not metrics.verdict(projected, numeric, noise, case.max_maa)[1]:
         located, (kind, text) = locate(g, session, gf, t, loss, case, analytic, loss_scale, forward_s * points)
         # the evidence behind the failure: which directions disagree, and (located) which elements
         err = np.abs(projected - numeric)

@@ -57,9 +57,8 @@ def judge(predictions, checks, max_maa, project=None):
         caught = False
         for name, c in checks.items():
             pred = grads[name] if project is None else project(name, grads[name])
-            m = metrics.compare(pred, c["numeric"], c["noise"], max_maa)
-            detail[scramble][name] = m["maa"]
-            if m["passed"]:
+            detail[scramble][name], passed = metrics.verdict(pred, c["numeric"], c["noise"], max_maa)
+            if passed:
                 per_param[name] = False
             else:
                 caught = True
