@@ -10,7 +10,8 @@ first, they are over while xdist still has short cases to hand to whichever work
 
 The order must be the same in every xdist worker (xdist refuses workers that collected
 different orders), so it is computed from the cases alone, not from timings of earlier runs.
-It is stable: only the long cases move, and each keeps its place among them.
+It is stable: only the long cases move (longest first, equal ones in file order), and the
+other items keep their order.
 """
 
 # Work, in "element-evaluations", from which a case counts as long. In the built-in suite
@@ -36,12 +37,12 @@ def long_first(entries, case_of=lambda entry: entry):
     (it keeps its place)."""
     entries = list(entries)
     slots = [i for i, e in enumerate(entries) if case_of(e) is not None]
-    cases = [entries[i] for i in slots]
-    work = {id(e): estimated_work(case_of(e)) for e in cases}
-    long = sorted((e for e in cases if work[id(e)] >= LONG_WORK), key=lambda e: -work[id(e)])
+    work = [estimated_work(case_of(entries[i])) for i in slots]
+    long = sorted((k for k, w in enumerate(work) if w >= LONG_WORK), key=lambda k: -work[k])   # stable
     if not long:
         return entries
-    rest = [e for e in cases if work[id(e)] < LONG_WORK]
-    for i, e in zip(slots, long + rest):
+    rest = [k for k, w in enumerate(work) if w < LONG_WORK]
+    moved = [entries[slots[k]] for k in long + rest]
+    for i, e in zip(slots, moved):
         entries[i] = e
     return entries
