@@ -136,7 +136,7 @@ def _jobs_note(state):
 
 def _no_fork_note(state):
     from pytest_gradgate.isolation.protocol import fork_available
-    if state.settings["isolate"] != "case" or fork_available():
+    if state.settings["isolate"] not in ("case", "fresh") or fork_available():
         return ""
     return " (no fork here: each case runs in the worker process, which a crash replaces)"
 

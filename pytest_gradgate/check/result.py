@@ -47,6 +47,11 @@ class Result:
     forward: list = field(default_factory=list)
     nmse: float = None
     threads: int = 1                 # CPU threads the analytic backward ran on
+    # isolate=case: the cases this one's child ran before it (each passed); every verdict
+    # other than passed is a fresh child's, 0 (isolation/worker.py)
+    earlier_in_child: int = 0
+    # ... and this is a fresh child's run of a case that a child with earlier cases did not pass
+    rerun: bool = False
     origin: dict = field(default_factory=dict)
 
     @classmethod

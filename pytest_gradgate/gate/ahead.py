@@ -29,9 +29,11 @@ import threading
 
 
 class Ahead:
-    def __init__(self, runners):
-        """runners: one Runner per job; each is used by its own thread only."""
+    def __init__(self, runners, expected_red=lambda key: False):
+        """runners: one Runner per job; each is used by its own thread only. expected_red(key):
+        is that case a known failure (its Runner then starts it in a fresh child at once)."""
         self._runners = list(runners)
+        self._expected_red = expected_red
         self._queue = collections.deque()     # (key, case), in pytest's order; "now" cases go first
         self._queued = set()
         self._done = {}                        # key -> Result, or the exception its run raised
@@ -96,7 +98,7 @@ class Ahead:
                 self._queued.discard(key)
                 self._running[index] = key
             try:
-                outcome = runner.run(case)
+                outcome = runner.run(case, fresh=self._expected_red(key))
             except BaseException as exc:    # raised again in the item that asks for it
                 outcome = exc
             with self._lock:

@@ -42,8 +42,9 @@ SETTINGS = [
     Setting("build_type", "CMake build type of ggml; Debug turns ggml's assert()s on", "Release", BUILD_TYPES),
     Setting("cuda_arch", "CMAKE_CUDA_ARCHITECTURES for a CUDA build", "native"),
     Setting("cases", "extra YAML case files (repeatable)", (), kind="paths"),
-    Setting("isolate", "case: fork a child per case (default); worker: run in a worker process; "
-            "none: in-process, for debuggers", "case", ISOLATE_MODES),
+    Setting("isolate", "case: each case in a forked child; a child whose case passed takes the next, any "
+            "other verdict comes from a fresh child (default); fresh: a fresh child for every case; worker: run in "
+            "a worker process; none: in-process, for debuggers", "case", ISOLATE_MODES),
     Setting("jobs", "cases run at once in this pytest process, each in its own worker (default 0: one per CPU, "
             "at most 8; 1 in each pytest-xdist worker)", 0, kind="int", minimum=0),
     Setting("timeout", "per-case timeout in seconds (default: sized to the case)", 0.0, kind="float"),

@@ -167,12 +167,16 @@ class GateState:
         if self._ahead is None:
             from pytest_gradgate.gate.ahead import Ahead
             self._extra_runners = [self._new_runner() for _ in range(self.jobs - 1)]
-            self._ahead = Ahead([runner, *self._extra_runners])
+            self._ahead = Ahead([runner, *self._extra_runners], expected_red=self._known_failure)
         if key is not None:
             self._ahead.submit(key, case)     # before the items after it
         for next_key, next_case in upcoming:
             self._ahead.submit(next_key, next_case)
         return self._ahead.result(key if key is not None else object(), case)
+
+    def _known_failure(self, key):
+        """Is the item `key` in the baseline (gate/baseline.py keys are node ids)?"""
+        return self.baseline is not None and self.baseline.get(key) is not None
 
     def _facts(self, build, version):
         """What the reports say of the build: plain data, so it rides on reports under xdist."""

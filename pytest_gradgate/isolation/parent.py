@@ -293,7 +293,10 @@ class Runner:
                 self.worker.proc.kill()
         return self.worker
 
-    def run(self, case):
+    def run(self, case, fresh=False):
+        """The Result of `case`. fresh: the case is expected to be red (a known failure), so
+        under isolate=case it goes straight to a fresh child, whose verdict is the one that
+        would stand (isolation/worker.py); the verdict does not depend on it."""
         timeout = self.timeout or default_timeout(case)
         started = time.perf_counter()
         if self.cancelled:
@@ -306,10 +309,12 @@ class Runner:
         # a CUDA context must never exist in a process that forks: run such cases in the worker itself
         isolate = "worker" if case.backend != "cpu" or not protocol.fork_available() else self.isolate
         message = protocol.encode(protocol.CASE, case=case.to_dict(), isolate=isolate, timeout=timeout,
-                                  max_memory=self.max_memory, backtrace=self.backtrace)
-        # isolate=case: the worker enforces the timeout on its child and answers; allow it
-        # a grace period. isolate=worker: the parent is the only one watching the clock.
-        deadline_s = timeout + (REPLY_GRACE if isolate == "case" else 0)
+                                  max_memory=self.max_memory, backtrace=self.backtrace, fresh=bool(fresh))
+        # isolate=case|fresh: the worker enforces the timeout on its child and answers; allow
+        # it a grace period, and under isolate=case a second timeout: a case that hangs in a
+        # child that ran earlier cases runs again in a fresh one (worker.py).
+        # isolate=worker: the parent is the only one watching the clock.
+        deadline_s = {"case": 2 * timeout + REPLY_GRACE, "fresh": timeout + REPLY_GRACE}.get(isolate, timeout)
         for attempt in (1, 2):
             try:
                 worker = self._ensure_worker()
@@ -336,7 +341,7 @@ class Runner:
             reply = self._reply_from_dead_worker(worker, phase, timed_out)
             worker.close()
             self.worker = None
-            if isolate == "case" and reply[0] == protocol.CRASH:
+            if isolate in ("case", "fresh") and reply[0] == protocol.CRASH:
                 return self._worker_died_during_case(case, Crash(**reply[1]), started)
         return self._to_result(case, reply, timeout, started)
 

@@ -14,7 +14,7 @@ A worker that dies itself sends nothing more: the parent sees EOF and builds the
 import json
 import os
 
-ISOLATE_MODES = ("case", "worker", "none")
+ISOLATE_MODES = ("case", "fresh", "worker", "none")
 # GRADGATE_START_METHOD=spawn takes the path of platforms without fork (Windows; macOS, where
 # forking a process with threads is unsafe): no child per case, each case runs in the worker
 # process itself, which is replaced when a case kills it. Linux runs it in the tests too.
@@ -27,7 +27,7 @@ def fork_available():
 PHASE = "phase"        # name: the phase the case (or the worker's start) is in
 READY = "ready"        # ggml_version, rss: the worker has loaded the library and is warm
 FATAL = "fatal"        # reason: the worker cannot run any case (the library cannot load)
-CASE = "case"          # case, isolate, timeout, max_memory, backtrace
+CASE = "case"          # case, isolate, timeout, max_memory, backtrace, fresh, rerun
 RESULT = "result"      # result: a Result as a dict
 CRASH = "crash"        # the fields of a Crash
 TIMEOUT = "timeout"    # phase, stderr

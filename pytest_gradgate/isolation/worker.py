@@ -2,9 +2,11 @@
 
 The messages are those of protocol.py; a dead child's crash record is crash.Crash.
 
-isolate=case: the worker forks one child per case (library already loaded and warmed
-up, so a case costs a fork, not an interpreter start); see ForkingRunner. The child's
-stdout/stderr go to a file, so ggml's abort message is captured.
+isolate=case: each case runs in a forked child of the worker (library already loaded and
+warmed up, so a case costs a fork, not an interpreter start); a child whose case passed
+takes the next one, and any other verdict comes from a fresh child; see ForkingRunner.
+isolate=fresh: a fresh child for every case. The children's stdout/stderr go to a file,
+so ggml's abort message is captured.
 isolate=worker: the worker runs the case itself; if it dies the parent sees EOF and
 reports the crash from the phases it was sent and the worker's stderr file.
 """
@@ -122,29 +124,59 @@ def _bind_to_parent():
         threading.Thread(target=watch, name="gradgate-parent-watch", daemon=True).start()
 
 
+# a child takes case after case (see ForkingRunner) until it has run this many or its
+# resident memory has grown by this much: a bound on what garbage that the child's disabled
+# collector leaves, and what the allocator keeps, can add up to
+MAX_CASES_PER_CHILD = 100
+MAX_CHILD_GROWTH = 256 << 20
+FORKED_MODES = ("case", "fresh")
+# the child's word on its last case, two bytes on a shared page, written before its reply:
+# does the verdict stand (it passed, or this child was fresh), and does the child stay for
+# the next case (the engine reached a verdict, and no limit above is reached)
+YES, NO = b"1", b"0"
+
+
+def reusable(request):
+    """May a child run another case after this one? Not under isolate=fresh, nor after a
+    memory cap (a child's RLIMIT_AS cannot be raised again by a child that is not root, and
+    its baseline would be the earlier cases' too)."""
+    return request.get("isolate") == "case" and not request.get("max_memory")
+
+
 class ForkingRunner:
     """Runs each case in a forked child of this (warm) worker.
 
-    The child for the next case is forked ahead of time (the "spare"), while the current
-    case runs, so the fork is not on any case's clock. The spare gets its case over a pipe;
-    its phase goes to a shared page (no message, no wake-up of the worker per phase); its
-    result comes back as one JSON line that the worker passes on unparsed; a child that
-    answered is reaped later, without waiting for it to exit.
+    The fork and the copy-on-write that follows cost a case more than its own work: the
+    child's first write to each page it shares with the worker faults and copies it, about
+    1000 pages for a small case, 10 ms of CPU on a loaded 2-core VM for cases whose own work
+    is 5 ms (bench/bench_isolation.py). So under isolate=case a child takes the next case
+    once the engine has reached a verdict on its last one: its pages are copied already.
 
-    What a case costs beyond its own work is copy-on-write: the child's first write to
-    each page it shares with the worker faults and copies it, about 1000 pages for a small
-    case (5-7 ms of CPU on a loaded 2-core VM; bench/bench_isolation.py). Letting spares
-    pre-fault by running a warm-up case first was measured too: it moves those faults off
-    the case's clock when a core is idle, but adds a case's worth of CPU, and came out
-    slower on the shared 2-core machine, so spares start cold."""
+    A child that ran earlier cases is not fresh, so only a "passed" of it stands: any other
+    verdict (failed, crashed, hung, anything) it reaches is reached again in a fresh child,
+    and that one is reported (Result.rerun says it was). Every red verdict is a fresh
+    child's; Result.earlier_in_child says how many cases a result's child ran before it.
+    A case the parent expects to be red
+    (a known failure: request "fresh") goes to a fresh child at once. A child whose case
+    ended in an error (our exception) or that reached a limit (MAX_CASES_PER_CHILD,
+    MAX_CHILD_GROWTH) exits. isolate=fresh forks a child for every case.
+
+    The next fresh child is forked ahead of time (the "spare"), while a case runs, so the
+    fork is not on any case's clock. A child gets its case over a pipe; its phase goes to a
+    shared page (no message, no wake-up of the worker per phase); its result comes back as
+    one JSON line that the worker passes on unparsed; a child that answered and exits is
+    reaped later, without waiting for it."""
 
     def __init__(self, lib, channel_fd):
         self.lib = lib
         self.channel_fd = channel_fd
         self.baseline_rss = memory_baseline("VmRSS:")
-        self.spare = None          # (pid, request fd, result fd) of the child for the next case
+        self.spare = None          # (pid, request fd, result fd) of a fresh child for the next case
+        self.serving = None        # (pid, request fd, result fd) of the child whose case passed
+        self.current = None        # ... of the fresh child running a case now
         self.finished = []         # pids of children that answered, to be reaped
         self.phase_board = mmap.mmap(-1, PHASE_BOARD_BYTES)   # MAP_SHARED: children write, we read
+        self.word_board = mmap.mmap(-1, 2)                     # the child's word on its last case
         # one log file for every child, truncated per case: O_APPEND makes each child's
         # writes start at the (new) end, so no temp file is created and removed per case
         fd, path = tempfile.mkstemp(prefix="gradgate-child-", suffix=".log")
@@ -171,34 +203,98 @@ class ForkingRunner:
                 return
 
     def run(self, line, request, prefork=True):
-        """Hand one case (its request line) to the spare child; returns the worker's reply line.
+        """Run one case (its request line) in a child; returns the worker's reply line.
 
         A child that answers sends the reply line itself (stderr included): the worker
         passes it on without parsing it."""
+        if self.serving is not None and not reusable(request):
+            self._retire(self.serving)
+            self.serving = None
+        if self.serving is not None and not request.get("fresh"):
+            reply = self._run_in_serving(line, request)
+            if reply is not None:
+                return reply
+            # its result says so (Result.rerun): a case whose outcome depends on what ran
+            # before it in a process is worth a look even when the fresh child passes it
+            line = protocol.encode(protocol.CASE, **dict(request, rerun=True))
+        return self._run_fresh(line, request, prefork)
+
+    def after_case(self):
+        """Reap the children that have exited; make sure a spare is ready."""
+        self._reap_finished(wait=False)
+        if self.spare is None:
+            self._fork_spare()
+
+    def close(self):
+        for child in (self.serving, self.spare):
+            if child is not None:
+                self._retire(child)
+        self.serving = self.spare = None
+        self._reap_finished(wait=True)
+
+    def _run_fresh(self, line, request, prefork):
         for attempt in (1, 2):
             if self.spare is None:
                 self._fork_spare()
-            pid, request_fd, result_fd = self.spare
-            self.spare = None
-            self.phase_board[:PHASE_BOARD_BYTES] = b"startup".ljust(PHASE_BOARD_BYTES, b"\0")
-            os.ftruncate(self.log_fd, 0)
-            try:
-                _write_all(request_fd, line)
+            child, self.spare = self.spare, None
+            if self._send(child, line):
                 break
-            except OSError:  # the spare died before its case (killed from outside): take a new one
-                os.close(request_fd)
-                os.close(result_fd)
-                os.waitpid(pid, 0)
-        os.close(request_fd)
+            self._close_fds(child)   # the spare died before its case (killed from outside): take a new one
+            os.waitpid(child[0], 0)
+        self.current = child
         if prefork:
-            self._fork_spare()   # the next case's child, forked while this one runs
+            self._fork_spare()   # the next fresh child, forked while this one runs
+        reply, _, stays, timed_out = self._answer(child, request)
+        self.current = None
+        if reply is None:
+            return self._dead_child_reply(child, timed_out)
+        if stays and self.serving is None:
+            self.serving = child
+        else:
+            self._let_go(child)
+        return reply
+
+    def _run_in_serving(self, line, request):
+        """The case in the child that ran the last one: its reply if its verdict stands; None
+        if the verdict must come from a fresh child (not passed, or the child died)."""
+        child, self.serving = self.serving, None
+        if not self._send(child, line):
+            self._close_fds(child)
+            os.waitpid(child[0], 0)
+            return None
+        reply, stands, stays, timed_out = self._answer(child, request)
+        if reply is None:                 # crashed or hung: a fresh child says which, if either
+            if timed_out:
+                os.kill(child[0], signal.SIGKILL)
+            self._close_fds(child)
+            os.waitpid(child[0], 0)
+            return None
+        if stays:
+            self.serving = child
+        else:
+            self._let_go(child)
+        return reply if stands else None
+
+    def _send(self, child, line):
+        """Hand `line` to `child`; False if it is gone."""
+        self.phase_board[:PHASE_BOARD_BYTES] = b"startup".ljust(PHASE_BOARD_BYTES, b"\0")
+        self.word_board[:2] = NO + NO
+        os.ftruncate(self.log_fd, 0)
         try:
-            reply, timed_out = self._collect(result_fd, request.get("timeout", 60))
-        finally:
-            os.close(result_fd)
-        if reply is not None:
-            self.finished.append(pid)   # reaped later: the parent need not wait for its exit
-            return reply
+            _write_all(child[1], line)
+            return True
+        except OSError:
+            return False
+
+    def _answer(self, child, request):
+        """(reply line or None, does its verdict stand, does the child stay, timed_out)."""
+        reply, timed_out = self._collect(child[2], request.get("timeout", 60))
+        word = bytes(self.word_board[:2])
+        return reply, word[:1] == YES, word[1:] == YES, timed_out
+
+    def _dead_child_reply(self, child, timed_out):
+        pid = child[0]
+        self._close_fds(child)
         if timed_out:
             os.kill(pid, signal.SIGKILL)
         _, status, usage = os.wait4(pid, 0)
@@ -210,28 +306,27 @@ class ForkingRunner:
         crash = Crash.from_wait(phase, stderr, status, usage, self.baseline_rss)
         return protocol.encode(protocol.CRASH, **crash.to_dict())
 
-    def after_case(self):
-        """Reap the children that have exited; make sure a spare is ready."""
-        self._reap_finished(wait=False)
-        if self.spare is None:
-            self._fork_spare()
+    def _let_go(self, child):
+        """A child that answered and exits (or will, at EOF): reaped later, not waited for."""
+        self._close_fds(child)
+        self.finished.append(child[0])
 
-    def close(self):
-        self._retire_spare()
-        self._reap_finished(wait=True)
+    def _retire(self, child):
+        self._close_fds(child)      # EOF instead of a case: it exits
+        os.waitpid(child[0], 0)
+
+    @staticmethod
+    def _close_fds(child):
+        for fd in child[1:]:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _reap_finished(self, wait):
         for pid in list(self.finished):
             if os.waitpid(pid, 0 if wait else os.WNOHANG)[0] == pid:
                 self.finished.remove(pid)
-
-    def _retire_spare(self):
-        if self.spare is not None:
-            pid, request_fd, result_fd = self.spare
-            self.spare = None
-            os.close(request_fd)    # EOF instead of a case: it exits
-            os.close(result_fd)
-            os.waitpid(pid, 0)
 
     def _fork_spare(self):
         request_r, request_w = os.pipe()
@@ -240,6 +335,11 @@ class ForkingRunner:
         if pid == 0:
             os.close(request_w)
             os.close(result_r)
+            # only the worker may hold its children's pipes: a copy of a request pipe here
+            # would keep that child from seeing EOF when the worker lets it go
+            for child in (self.serving, self.spare, self.current):
+                if child is not None:
+                    self._close_fds(child)
             self._child(request_r, result_w)  # never returns
         os.close(request_r)
         os.close(result_w)
@@ -254,29 +354,44 @@ class ForkingRunner:
                 os.dup2(devnull, fd)
             _die_with_parent()
             gc.disable()   # a collection would write to (and so copy) pages of every object it visits
-            line = _read_line(request_fd)
-            if not line:  # retired without a case
-                os._exit(0)
-            _, request = protocol.decode(line)
-            os.dup2(self.log_fd, 1)
-            os.dup2(self.log_fd, 2)
-            apply_backtrace_setting(request.get("backtrace"))
-            if request.get("max_memory"):
-                _apply_memory_cap(request["max_memory"], memory_baseline())
-            board = self.phase_board
+            served = 0
+            while True:
+                line = _read_line(request_fd)
+                if not line:  # retired, with or without a case
+                    os._exit(0)
+                _, request = protocol.decode(line)
+                if served == 0:
+                    os.dup2(self.log_fd, 1)
+                    os.dup2(self.log_fd, 2)
+                    if request.get("max_memory"):
+                        _apply_memory_cap(request["max_memory"], memory_baseline())
+                apply_backtrace_setting(request.get("backtrace"))
+                board = self.phase_board
 
-            def phase(name):
-                phase.last = name
-                board[:PHASE_BOARD_BYTES] = name.encode().ljust(PHASE_BOARD_BYTES, b"\0")
-            phase.last = Phase.BUILD_FORWARD
-            result = _run_guarded(Case.from_dict(request["case"]), self.lib, phase)
-            result["stderr_tail"] = result.get("stderr_tail") or stderr_excerpt(self.log_fd)
-            _write_all(result_fd, protocol.encode(protocol.RESULT, result=result))
+                def phase(name):
+                    phase.last = name
+                    board[:PHASE_BOARD_BYTES] = name.encode().ljust(PHASE_BOARD_BYTES, b"\0")
+                phase.last = Phase.BUILD_FORWARD
+                result = _run_guarded(Case.from_dict(request["case"]), self.lib, phase)
+                result["stderr_tail"] = result.get("stderr_tail") or stderr_excerpt(self.log_fd)
+                result["earlier_in_child"] = served
+                result["rerun"] = bool(request.get("rerun"))
+                served += 1
+                stays = self._stays(result, request, served)
+                stands = result["status"] == Status.PASSED or served == 1
+                self.word_board[:2] = (YES if stands else NO) + (YES if stays else NO)   # before the reply
+                _write_all(result_fd, protocol.encode(protocol.RESULT, result=result))
+                if not stays:
+                    break
         except BaseException:
             traceback.print_exc()
             code = 70
         finally:
             os._exit(code)
+
+    def _stays(self, result, request, served):
+        return (result["status"] != Status.ERROR and reusable(request) and served < MAX_CASES_PER_CHILD
+                and memory_baseline("VmRSS:") <= self.baseline_rss + MAX_CHILD_GROWTH)
 
     @staticmethod
     def _collect(result_fd, timeout):
@@ -346,7 +461,7 @@ def main(argv=None):
     send(protocol.READY, ggml_version=binding.ggml_version(lib), rss=memory_baseline("VmRSS:"))
     for line in sys.stdin.buffer:
         _, request = protocol.decode(line)
-        if request.get("isolate", "case") == "case" and forking is not None:
+        if request.get("isolate", "case") in FORKED_MODES and forking is not None:
             _write_all(channel_fd, forking.run(line, request))
             forking.after_case()   # while the parent reads the reply
             continue

@@ -18,7 +18,7 @@ REPORT_SCHEMA_FILE = Path(__file__).parent / "report.schema.json"
 # per case, in this order; the Result's per-element values lists are left out on purpose
 CASE_FIELDS = ("case_id", "name", "op", "producer", "consumer", "loss", "backend", "mode", "threads", "status", "outcome", "phase",
                "maa", "max_maa", "limit", "cosine", "power", "diagnosis", "message", "signal",
-               "baseline", "skip_reason", "duration", "nodeid", "formulations", "nmse")
+               "baseline", "skip_reason", "duration", "nodeid", "formulations", "nmse", "earlier_in_child", "rerun")
 PARAM_FIELDS = ("name", "shape", "producer", "maa", "limit", "cosine", "norm_ratio", "max_abs_err", "n_compared",
                 "n_elements", "power", "passed", "pair", "nmse", "max_abs_diff")
 

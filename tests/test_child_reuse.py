@@ -1,0 +1,157 @@
+"""isolate=case's child reuse (isolation/worker.py): a child that reached a verdict takes the
+next case, and only its "passed" stands; any other verdict is reached again in a fresh child.
+
+Real children of a real worker on two real ggml builds: the default, and the "deaths" variant
+(ggml_variants.py) whose SCALE kernel segfaults on s=13, hangs on s=17, and computes s=23
+wrongly in a process that computed s=29 before: a leak from one case into the next.
+
+How these tests were seen to fail with the bug put back:
+- the worker trusting every verdict of a reused child (`stands = True` in ForkingRunner._child):
+  the s=23 case after the s=29 case is reported failed, failing
+  test_a_red_verdict_of_a_reused_child_is_reached_again_in_a_fresh_one;
+- the hint for known failures dropped (Ahead calling runner.run(case) without fresh=):
+  the baselined failure's JSON record says rerun, failing
+  test_known_failures_start_in_a_fresh_child_and_others_are_rerun_there;
+- MAX_CASES_PER_CHILD not checked: test_a_child_serves_at_most_max_cases_then_a_fresh_one_takes_over.
+"""
+
+import json
+
+import pytest
+
+from pytest_gradgate.build.cache import cache_root
+from pytest_gradgate.check.outcome import Status
+from pytest_gradgate.declare.case import Case
+from pytest_gradgate.isolation import worker
+from pytest_gradgate.isolation.parent import Runner
+
+
+def scale(s, name=None):
+    return Case(name=name or f"scale_{s}", graph=f"scale(a, s={s})", params={"a": [4, 3]}, consumer="none")
+
+
+ADD = Case(name="add_ok", graph="add(a, b)", params={"a": [4, 3], "b": [4, 3]}, consumer="none")
+MUL = Case(name="mul_ok", graph="mul(a, b)", params={"a": [4, 3], "b": [4, 3]}, consumer="none")
+ADD_T = Case(name="add_transposed", graph="add(a, b)", params={"a": [4, 3], "b": [4, 3]}, consumer="transpose")
+
+
+@pytest.fixture(scope="module")
+def deaths_library(ggml_variant):
+    return ggml_variant("deaths")[1].library
+
+
+def run_all(library, cases, isolate="case", **options):
+    runner = Runner(library, isolate=isolate, **options)
+    try:
+        return [runner.run(case) for case in cases]
+    finally:
+        runner.close()
+
+
+def test_passing_cases_share_a_child_and_isolate_fresh_gives_each_its_own(default_build):
+    cases = [ADD, MUL, scale(2), ADD_T]
+    reused = run_all(default_build.library, cases)
+    assert [r.status for r in reused] == [Status.PASSED] * 4
+    assert [r.earlier_in_child for r in reused] == [0, 1, 2, 3]
+    fresh = run_all(default_build.library, cases, isolate="fresh")
+    assert [r.earlier_in_child for r in fresh] == [0, 0, 0, 0]
+    # the same verdicts, to the bit
+    assert [(r.status, r.maa, r.loss_value) for r in reused] == [(r.status, r.maa, r.loss_value) for r in fresh]
+
+
+def test_a_red_verdict_of_a_reused_child_is_reached_again_in_a_fresh_one(deaths_library):
+    # in a fresh child s=23 is right; after s=29 in the same process it is wrong
+    leaky = scale(23, "after_the_leak")
+    results = run_all(deaths_library, [ADD, scale(29), leaky, MUL])
+    by_name = {r.name: r for r in results}
+    assert all(r.status == Status.PASSED for r in results), [(r.name, r.status, r.message) for r in results]
+    assert by_name["after_the_leak"].rerun and by_name["after_the_leak"].earlier_in_child == 0
+    assert not by_name["scale_29"].rerun and by_name["scale_29"].earlier_in_child == 1
+    # the leak is real: the same two cases in one process, without isolation, fail the second
+    alone = run_all(deaths_library, [scale(29), leaky], isolate="worker")
+    assert [r.status for r in alone] == [Status.PASSED, Status.FAILED]
+
+
+def test_a_crash_and_a_hang_in_a_reused_child_are_a_fresh_childs_verdicts(deaths_library):
+    cases = [ADD, scale(13, "segfault"), MUL, scale(17, "hang"), scale(2, "after_hang")]
+    results = run_all(deaths_library, cases, timeout=2)
+    assert [r.status for r in results] == [Status.PASSED, Status.CRASHED, Status.PASSED, Status.TIMEOUT,
+                                           Status.PASSED]
+    crash, hang = results[1], results[3]
+    assert crash.signal == "SIGSEGV" and "phase compute" in crash.message, crash.message
+    assert "timed out after 2 s" in hang.message, hang.message
+    # the case after a death starts a child again; the one after it shares that child
+    assert results[2].earlier_in_child == 0 and results[4].earlier_in_child == 0
+
+
+def test_a_case_expected_red_goes_to_a_fresh_child_at_once(deaths_library):
+    runner = Runner(deaths_library, isolate="case")
+    try:
+        runner.run(ADD)
+        runner.run(scale(29))
+        hinted = runner.run(scale(23, "hinted"), fresh=True)
+        after = runner.run(MUL)
+    finally:
+        runner.close()
+    assert hinted.status == Status.PASSED and hinted.earlier_in_child == 0 and not hinted.rerun
+    assert after.earlier_in_child == 2      # the child of ADD and s=29 kept serving
+
+
+def test_a_child_serves_at_most_max_cases_then_a_fresh_one_takes_over(default_build):
+    n = worker.MAX_CASES_PER_CHILD
+    results = run_all(default_build.library, [scale(2 + i % 3) for i in range(n + 2)])
+    assert all(r.status == Status.PASSED for r in results)
+    assert [r.earlier_in_child for r in results] == [*range(n), 0, 1]
+
+
+def test_a_memory_cap_gives_each_case_a_fresh_child(default_build):
+    results = run_all(default_build.library, [ADD, MUL, ADD], max_memory=1 << 30)
+    assert [r.status for r in results] == [Status.PASSED] * 3
+    assert [r.earlier_in_child for r in results] == [0, 0, 0]
+
+
+KNOWN_AND_NEW_YAML = """\
+cases:
+  - name: first
+    params: {a: [4, 3]}
+    graph: scale(a, s=2)
+    consumers: [none]
+  - name: mark
+    params: {a: [4, 3]}
+    graph: scale(a, s=29)
+    consumers: [none]
+  - name: known_leaky
+    params: {a: [4, 3]}
+    graph: scale(a, s=23)
+    consumers: [none]
+  - name: mark_again
+    params: {a: [4, 3]}
+    graph: scale(a, s=29)
+    consumers: [none]
+  - name: new_leaky
+    params: {a: [4, 3]}
+    graph: scale(a, s=23)
+    consumers: [none]
+"""
+
+
+def test_known_failures_start_in_a_fresh_child_and_others_are_rerun_there(pytester, ggml_variant, monkeypatch):
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(cache_root()))
+    root = ggml_variant("deaths")[0]
+    cases = pytester.makefile(".yaml", reuse=KNOWN_AND_NEW_YAML)
+    args = ["--gradgate", "--gradgate-no-builtin", "--gradgate-ggml-src", str(root), "--gradgate-cases",
+            str(cases), "--gradgate-jobs", "1", "--gradgate-json", "report.json", "-p", "no:cacheprovider"]
+    collected = pytester.runpytest(*args, "--collect-only", "-q").stdout.lines
+    known = next(line for line in collected if "::known_leaky" in line)
+    # known_leaky is listed as a known failure; it passes (in a fresh child), so the baseline
+    # is stale and the run fails, which is not what this test looks at
+    baseline = pytester.path / "baseline.json"
+    baseline.write_text(json.dumps({"schema": 2, "entries": {known: {"status": "failed", "reason": "by the test"}}}))
+    result = pytester.runpytest(*args, "--gradgate-baseline", str(baseline))
+    report = {r["name"]: r for r in json.loads((pytester.path / "report.json").read_text())["cases"]}
+    assert {name: r["status"] for name, r in report.items()} == dict.fromkeys(
+        ["first", "mark", "known_leaky", "mark_again", "new_leaky"], "passed"), result.stdout.str()
+    assert report["known_leaky"]["baseline"] == "stale"
+    assert not report["known_leaky"]["rerun"] and report["known_leaky"]["earlier_in_child"] == 0
+    assert report["new_leaky"]["rerun"] and report["new_leaky"]["earlier_in_child"] == 0
+    assert report["mark_again"]["earlier_in_child"] >= 1
