@@ -87,11 +87,13 @@ def main(argv=None):
     cases = bench_reference.suite_cases()
     # the workers start on the smallest case: the gate's first is a long one (gate/order.py)
     smallest = min(range(len(cases)), key=lambda i: cases[i].n_param_elements())
+    # the gate runs the baseline's known failures in a fresh child at once: so does the Runner alone
+    known = bench_reference.known_failure_indexes(cases) if args.ggml_src is None else []
 
     cpu_alone = {}
 
     def runner_alone(workers):
-        r = bench_reference.run_ours(cases, library, workers, warm=smallest)[0]
+        r = bench_reference.run_ours(cases, library, workers, warm=smallest, fresh=known)[0]
         cpu_alone.setdefault(workers, []).append(r["cpu_s"])
         return r["startup_s"] + r["wall_s"]
     # Every repetition runs each pytest variant, then the Runner alone that it is compared

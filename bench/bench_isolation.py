@@ -9,7 +9,9 @@ in-process; the list is cycled if the suite passes fewer), then times the whole 
 
   in-process   run_case() in this process (the engine's own cost)
   worker       isolate=worker: a JSON round trip to a worker that runs the case itself
-  case         isolate=case (the default): the worker forks one child per case
+  fresh        isolate=fresh: the worker forks a fresh child for every case
+  case         isolate=case (the default): forked children, each taking case after case
+               (every case here passes, so one child runs them all, up to its limit)
 
 and prints per-case medians and the overhead of each mode over in-process. The target
 (issue 4) is an isolate=case overhead under 5 ms per case on a 2-core CI machine.
@@ -111,7 +113,7 @@ def main(argv=None):
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
     medians, cpus = {}, {}
     print(f"  {'mode':<11} {'wall ms/case':>12} {'(min..max)':>16} {'overhead':>9} {'CPU ms/case':>12} {'overhead':>9}")
-    for mode in ("in-process", "worker", "case"):
+    for mode in ("in-process", "worker", "fresh", "case"):
         runs, cpus[mode] = time_mode(mode, cases, library, args.repeat)
         medians[mode] = statistics.median(runs)
         spread = f"({min(runs) * 1e3:.2f}..{max(runs) * 1e3:.2f})"
