@@ -107,7 +107,7 @@ def run_on(ggml_variant):
 
 @pytest.fixture(scope="session")
 def runner(default_build):
-    """An isolating Runner (warm worker, a fork per case) on the default ggml."""
+    """An isolating Runner (warm worker, forked children: isolate=case) on the default ggml."""
     from pytest_gradgate.isolation.parent import Runner
     r = Runner(default_build.library, isolate="case")
     yield r

@@ -8,7 +8,7 @@ wrongly in a process that computed s=29 before: a leak from one case into the ne
 How these tests were seen to fail with the bug put back:
 - the worker trusting every verdict of a reused child (`stands = True` in ForkingRunner._child):
   the s=23 case after the s=29 case is reported failed, failing
-  test_a_red_verdict_of_a_reused_child_is_reached_again_in_a_fresh_one;
+  test_a_red_verdict_of_a_reused_child_is_reached_again_in_a_fresh_one and the known-failure test;
 - the hint for known failures dropped (Ahead calling runner.run(case) without fresh=):
   the baselined failure's JSON record says rerun, failing
   test_known_failures_start_in_a_fresh_child_and_others_are_rerun_there;
@@ -16,6 +16,7 @@ How these tests were seen to fail with the bug put back:
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -155,3 +156,26 @@ def test_known_failures_start_in_a_fresh_child_and_others_are_rerun_there(pytest
     assert not report["known_leaky"]["rerun"] and report["known_leaky"]["earlier_in_child"] == 0
     assert report["new_leaky"]["rerun"] and report["new_leaky"]["earlier_in_child"] == 0
     assert report["mark_again"]["earlier_in_child"] >= 1
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc")
+def test_children_killed_while_they_wait_are_replaced_and_nothing_is_called_a_rerun(default_build):
+    import os
+    import signal
+    import time
+    runner = Runner(default_build.library, isolate="case")
+    try:
+        first = runner.run(ADD)
+        pid = runner.worker.proc.pid
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        assert len(children) == 2       # the child that ran ADD, waiting, and the spare
+        for child in children:
+            os.kill(child, signal.SIGKILL)   # as the OOM killer would
+        time.sleep(0.2)
+        after = runner.run(MUL)
+        assert runner.worker.proc.pid == pid    # the same worker
+    finally:
+        runner.close()
+    assert first.status == after.status == Status.PASSED
+    assert after.earlier_in_child == 0 and not after.rerun
+

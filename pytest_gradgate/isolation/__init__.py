@@ -1,2 +1,3 @@
-"""Every case in its own process: the parent (Runner), the worker that forks a child per
-case, the wire protocol between them, and the crash record. This is where a case dies."""
+"""Cases in processes of their own: the parent (Runner), the worker and the children it
+forks (a child takes case after case; every red verdict is a fresh child's), the wire
+protocol between them, and the crash record. This is where a case dies."""

@@ -1,6 +1,6 @@
 """The crash record: what is known of a case whose process died, built in one place.
 
-The worker builds it for a forked child that died (isolate=case); the parent builds it for a
+The worker builds it for a forked child that died (isolate=case|fresh); the parent builds it for a
 worker that died itself (isolate=worker). Both call `Crash.from_wait`, and `explain` turns a
 record into the diagnosis the reports show. ggml's stderr is read for ggml's own words (its
 abort line, its "no backward" message); what we say is typed (Diagnosis), never parsed back.

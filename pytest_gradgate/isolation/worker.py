@@ -211,12 +211,13 @@ class ForkingRunner:
             self._retire(self.serving)
             self.serving = None
         if self.serving is not None and not request.get("fresh"):
-            reply = self._run_in_serving(line, request)
+            reply, ran = self._run_in_serving(line, request)
             if reply is not None:
                 return reply
-            # its result says so (Result.rerun): a case whose outcome depends on what ran
-            # before it in a process is worth a look even when the fresh child passes it
-            line = protocol.encode(protocol.CASE, **dict(request, rerun=True))
+            if ran:
+                # its result says so (Result.rerun): a case whose outcome depends on what ran
+                # before it in a process is worth a look even when the fresh child passes it
+                line = protocol.encode(protocol.CASE, **dict(request, rerun=True))
         return self._run_fresh(line, request, prefork)
 
     def after_case(self):
@@ -255,25 +256,25 @@ class ForkingRunner:
         return reply
 
     def _run_in_serving(self, line, request):
-        """The case in the child that ran the last one: its reply if its verdict stands; None
-        if the verdict must come from a fresh child (not passed, or the child died)."""
+        """The case in the child that ran the last one: (its reply if its verdict stands, else
+        None: the verdict must come from a fresh child; did the child get the case at all)."""
         child, self.serving = self.serving, None
-        if not self._send(child, line):
+        if not self._send(child, line):   # it died while it waited (killed from outside)
             self._close_fds(child)
             os.waitpid(child[0], 0)
-            return None
+            return None, False
         reply, stands, stays, timed_out = self._answer(child, request)
         if reply is None:                 # crashed or hung: a fresh child says which, if either
             if timed_out:
                 os.kill(child[0], signal.SIGKILL)
             self._close_fds(child)
             os.waitpid(child[0], 0)
-            return None
+            return None, True
         if stays:
             self.serving = child
         else:
             self._let_go(child)
-        return reply if stands else None
+        return (reply if stands else None), True
 
     def _send(self, child, line):
         """Hand `line` to `child`; False if it is gone."""
