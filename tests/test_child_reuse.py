@@ -12,7 +12,8 @@ How these tests were seen to fail with the bug put back:
 - the hint for known failures dropped (Ahead calling runner.run(case) without fresh=):
   the baselined failure's JSON record says rerun, failing
   test_known_failures_start_in_a_fresh_child_and_others_are_rerun_there;
-- MAX_CASES_PER_CHILD not checked: test_a_child_serves_at_most_max_cases_then_a_fresh_one_takes_over.
+- MAX_CASES_PER_CHILD not checked: test_a_child_serves_at_most_max_cases_then_a_fresh_one_takes_over;
+- Runner.run not sending long cases to a fresh child: test_a_long_case_starts_in_a_fresh_child.
 """
 
 import json
@@ -179,3 +180,12 @@ def test_children_killed_while_they_wait_are_replaced_and_nothing_is_called_a_re
     assert first.status == after.status == Status.PASSED
     assert after.earlier_in_child == 0 and not after.rerun
 
+
+def test_a_long_case_starts_in_a_fresh_child(default_build):
+    # 1000 elements in full mode: 4e6 element-evaluations, LONG_WORK (declare/work.py); a
+    # red verdict in a reused child would cost it a second run, a fork costs it little
+    long_ = Case(name="long", graph="sqr(a)", params={"a": [1000]}, consumer="none")
+    results = run_all(default_build.library, [ADD, long_, MUL])
+    assert [r.status for r in results] == [Status.PASSED] * 3
+    assert [r.earlier_in_child for r in results] == [0, 0, 1]
+    assert not results[1].rerun

@@ -14,21 +14,9 @@ It is stable: only the long cases move (longest first, equal ones in file order)
 other items keep their order.
 """
 
-# Work, in "element-evaluations", from which a case counts as long. In the built-in suite
-# the five cases above it took 0.2-1.9 s each and the rest at most 0.1 s (under -n 2 on 2
-# cores): all its full-mode and equivalence cases are below it, and its smaller fast-mode ones
-LONG_WORK = 4_000_000
+from pytest_gradgate.declare.work import LONG_WORK, estimated_work
 
-
-def estimated_work(case):
-    """A rough guess of a case's work: the forward evaluations its check takes, times its
-    param elements (each evaluation runs the whole graph, which reads every one of them)."""
-    n = case.n_param_elements()
-    if case.equivalent:                     # each formulation once: no finite differences
-        return n * len(case.equivalent)
-    if case.mode == "fast":
-        return n * case.directions * case.stencil
-    return n * n * case.stencil             # full mode: `stencil` evaluations per element
+__all__ = ["LONG_WORK", "estimated_work", "long_first"]
 
 
 def long_first(entries, case_of=lambda entry: entry):

@@ -21,6 +21,7 @@ import time
 from pytest_gradgate.check import alone
 from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
 from pytest_gradgate.check.result import Result
+from pytest_gradgate.declare.work import LONG_WORK, estimated_work
 from pytest_gradgate.isolation import protocol
 from pytest_gradgate.isolation.crash import Crash, explain, ggml_message, stderr_excerpt
 
@@ -296,7 +297,10 @@ class Runner:
     def run(self, case, fresh=False):
         """The Result of `case`. fresh: the case is expected to be red (a known failure), so
         under isolate=case it goes straight to a fresh child, whose verdict is the one that
-        would stand (isolation/worker.py); the verdict does not depend on it."""
+        would stand (isolation/worker.py); the verdict does not depend on it. A long case
+        (declare/work.py) goes to a fresh child too: the fork costs it little, and a red
+        verdict in a reused child would cost it a second run."""
+        fresh = fresh or estimated_work(case) >= LONG_WORK
         timeout = self.timeout or default_timeout(case)
         started = time.perf_counter()
         if self.cancelled:
