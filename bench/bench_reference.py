@@ -121,7 +121,8 @@ def _run_ours_child(spec_path):
                     i = next(upcoming, None)
                 if i is None:
                     return
-                results[i] = runners[k].run(cases[i], fresh=True) if i in fresh else runners[k].run(cases[i])
+                run = runners[k].run
+                results[i] = run(cases[i], fresh=True) if i in fresh else run(cases[i])
         started = time.perf_counter()
         threads = [threading.Thread(target=work, args=(k,)) for k in range(jobs)]
         for t in threads:
@@ -269,14 +270,14 @@ def per_evaluation(cases, per_case, library):
             "counted": counted, "halved": halved, "engine_all_ratio": engine / (bare + bare_halved)}
 
 
-def per_evaluation_alone(cases, library, repeat):
+def per_evaluation_alone(cases, library, repeat, isolate="case"):
     """per_evaluation's figures with both sides alone on the machine: one case at a time, its
     finite differences on one lane, and each repetition's bare computes measured right after
     its run (the machine's speed drifts between runs by more than the gap measured). Returns
     the repetitions' figures, in order."""
     reps = []
     for _ in range(repeat):
-        ours, _ = run_ours(cases, library, 1, env={"GRADGATE_FD_LANES": "1"})
+        ours, _ = run_ours(cases, library, 1, isolate=isolate, env={"GRADGATE_FD_LANES": "1"})
         figures = per_evaluation(cases, ours["per_case"], library)
         if figures is None:
             return None
@@ -520,7 +521,7 @@ def _bench(args):
           f"({figures['worst_op']}); {figures['unresolved']} op(s) left out, their wall within {RESOLVABLE_S * 1e3:.0f} ms "
           f"of their start-up (counted as taking no time in 'without')")
     print(f"  what each side runs: test-backend-ops grad on CPU, {os.cpu_count()} threads per graph, one op per "
-          f"process; ours: isolate=case (a forked child per case), {args.jobs} worker(s) in parallel, each case's "
+          f"process; ours: isolate=case (forked children that take case after case; red verdicts from fresh ones), {args.jobs} worker(s) in parallel, each case's "
           f"analytic backward on its threads axis ({DEFAULT_THREADS} threads), the finite-difference forwards on 1 "
           f"thread each, a big case's over 2 lanes (copies of its graph) when a core is idle, power probe and checks "
           f"included")
@@ -533,6 +534,11 @@ def _bench(args):
     ours_timing = [t for _, timing in timings_by_op.values() for t in timing]
     evals = per_evaluation(ours_cases, ours_timing, build.library)
     alone = per_evaluation_alone(ours_cases, build.library, args.repeat) if evals is not None else None
+    # each case in a fresh child: what every red verdict of the default costs, and what every
+    # case cost before children took case after case (an older package has no isolate=fresh)
+    from pytest_gradgate.isolation.protocol import ISOLATE_MODES
+    alone_fresh = (per_evaluation_alone(ours_cases, build.library, args.repeat, isolate="fresh")
+                   if alone is not None and "fresh" in ISOLATE_MODES else None)
     if evals is None or alone is None:
         print("per evaluation: not measured (this engine reports no evaluations, or its library has no "
               "gg_bare_compute_seconds)")
@@ -546,15 +552,24 @@ def _bench(args):
         print(f"  both alone (one case at a time, one lane; each repetition's bare right after its run), "
               f"{len(alone)} repetitions: bare {statistics.median(r['bare'] for r in alone) * 1e6:.1f} us; numeric loop "
               f"{spread(ratios['numeric'])}; whole engine {spread(ratios['engine'])}")
+        fresh_ratios = None
+        if alone_fresh is not None:
+            fresh_ratios = {k: [r[k] / r["bare"] for r in alone_fresh] for k in ("numeric", "engine")}
+            print(f"  the same with a fresh child for every case (--gradgate-isolate fresh; under the default, "
+                  f"every red verdict's child): numeric loop {spread(fresh_ratios['numeric'])}; whole engine "
+                  f"{spread(fresh_ratios['engine'])}")
         numeric_s, engine_s, bare_s = evals["numeric"], evals["engine"], evals["bare"]
         print(f"  ours {args.jobs} case(s) at once as in the table above (lanes on idle cores, counted in their CPU "
               f"time), the bare compute alone after every run: bare {bare_s * 1e6:.1f} us; numeric loop "
               f"{numeric_s / bare_s:.2f}x; whole engine {engine_s / bare_s:.2f}x; over every evaluation taken, the "
               f"halved step's on failures too ({evals['halved']} of them): {evals['engine_all_ratio']:.2f}x. Ours "
               f"shares the cores here and the bare compute does not: this includes what the cases cost each other")
+        fresh_text = "" if fresh_ratios is None else (
+            f"; {statistics.median(fresh_ratios['engine']):.2f}x with a fresh child for every case")
         print(f"HEADLINE per evaluation: {statistics.median(ratios['engine']):.2f}x a bare ggml_graph_compute (the "
               f"whole engine's time over the evaluations its stencil needs, both sides alone, the median of "
-              f"{len(alone)}; the numeric loop alone {statistics.median(ratios['numeric']):.2f}x; goal: at most 1.2x)")
+              f"{len(alone)}, isolation as the default runs these cases{fresh_text}; the numeric loop alone "
+              f"{statistics.median(ratios['numeric']):.2f}x; goal: at most 1.2x)")
     tbo_per_case = total["tbo_s"] / max(total["tbo_n"], 1)
     print(f"peak memory (max RSS of the process tree): test-backend-ops {peaks['tbo'] / 1024:.0f} MiB, "
           f"ours {peaks['ours'] / 1024:.0f} MiB (bench child + workers + forked cases)")

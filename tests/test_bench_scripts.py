@@ -75,7 +75,8 @@ def test_bench_reference_prints_both_ratios_and_the_per_evaluation_figure(defaul
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = proc.stdout
     for line in ("with both start-ups:", "without start-ups:", "HEADLINE per case:", "bare: ggml_graph_compute",
-                 "both alone (one case at a time, one lane;", "HEADLINE per evaluation:",
+                 "both alone (one case at a time, one lane;", "the same with a fresh child for every case",
+                 "HEADLINE per evaluation:",
                  "with one case, process start to exit: median", f"pytest-gradgate {pytest_gradgate.__version__}, "):
         assert line in out, out
     import bench_reference
