@@ -13,7 +13,8 @@ How these tests were seen to fail with the bug put back:
   the baselined failure's JSON record says rerun, failing
   test_known_failures_start_in_a_fresh_child_and_others_are_rerun_there;
 - MAX_CASES_PER_CHILD not checked: test_a_child_serves_at_most_max_cases_then_a_fresh_one_takes_over;
-- Runner.run not sending long cases to a fresh child: test_a_long_case_starts_in_a_fresh_child.
+- Runner.run not sending long cases to a fresh child: test_a_long_case_starts_in_a_fresh_child;
+- no warning for a case that passed only in a fresh child: the known-failure test again.
 """
 
 import json
@@ -157,6 +158,10 @@ def test_known_failures_start_in_a_fresh_child_and_others_are_rerun_there(pytest
     assert not report["known_leaky"]["rerun"] and report["known_leaky"]["earlier_in_child"] == 0
     assert report["new_leaky"]["rerun"] and report["new_leaky"]["earlier_in_child"] == 0
     assert report["mark_again"]["earlier_in_child"] >= 1
+    # the case that passed only in a fresh child is pointed out; the one that started there is not
+    out = result.stdout.str()
+    assert "new_leaky[none-sqr-cpu] did not pass in a child that had run earlier cases" in out, out
+    assert "known_leaky[none-sqr-cpu] did not pass" not in out
 
 
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc")

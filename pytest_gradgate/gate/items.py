@@ -191,6 +191,11 @@ def _decide(item, result):
     if result.status == Status.PASSED:
         if result.power is False:
             item.warn(pytest.PytestWarning(f"gradgate: {item.case.id} is blind: {result.diagnosis}"))
+        if result.rerun:
+            item.warn(pytest.PytestWarning(
+                f"gradgate: {item.case.id} did not pass in a child that had run earlier cases, and passed in a "
+                "fresh one: its outcome depends on what ran before it in the process (state that leaks from "
+                "case to case in ggml, or a flaky check); --gradgate-isolate fresh runs every case in a fresh child"))
         if known and not state.update_baseline:
             # like a strict xfail: a fixed case must leave the baseline, or it could regress unseen
             item.gradgate_baseline = "stale"
