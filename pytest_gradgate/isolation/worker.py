@@ -3,8 +3,8 @@
 The messages are those of protocol.py; a dead child's crash record is crash.Crash.
 
 isolate=case: each case runs in a forked child of the worker (library already loaded and
-warmed up, so a case costs a fork, not an interpreter start); a child whose case passed
-takes the next one, and any other verdict comes from a fresh child; see ForkingRunner.
+warmed up, so a case costs a fork, not an interpreter start); a child takes case after
+case, and only its passes stand: any other verdict comes from a fresh child; see ForkingRunner.
 isolate=fresh: a fresh child for every case. The children's stdout/stderr go to a file,
 so ggml's abort message is captured.
 isolate=worker: the worker runs the case itself; if it dies the parent sees EOF and
@@ -156,8 +156,8 @@ class ForkingRunner:
     verdict (failed, crashed, hung, anything) it reaches is reached again in a fresh child,
     and that one is reported (Result.rerun says it was). Every red verdict is a fresh
     child's; Result.earlier_in_child says how many cases a result's child ran before it.
-    A case the parent expects to be red
-    (a known failure: request "fresh") goes to a fresh child at once. A child whose case
+    A case the parent expects to be red (request "fresh": a known failure, or a long case
+    that a second run would cost dearly) goes to a fresh child at once. A child whose case
     ended in an error (our exception) or that reached a limit (MAX_CASES_PER_CHILD,
     MAX_CHILD_GROWTH) exits. isolate=fresh forks a child for every case.
 
@@ -172,7 +172,7 @@ class ForkingRunner:
         self.channel_fd = channel_fd
         self.baseline_rss = memory_baseline("VmRSS:")
         self.spare = None          # (pid, request fd, result fd) of a fresh child for the next case
-        self.serving = None        # (pid, request fd, result fd) of the child whose case passed
+        self.serving = None        # ... of the child that reached a verdict and waits for the next case
         self.current = None        # ... of the fresh child running a case now
         self.finished = []         # pids of children that answered, to be reaped
         self.phase_board = mmap.mmap(-1, PHASE_BOARD_BYTES)   # MAP_SHARED: children write, we read
