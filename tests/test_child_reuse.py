@@ -194,3 +194,28 @@ def test_a_long_case_starts_in_a_fresh_child(default_build):
     assert [r.status for r in results] == [Status.PASSED] * 3
     assert [r.earlier_in_child for r in results] == [0, 0, 1]
     assert not results[1].rerun
+
+
+TWO_PASSING_YAML = """\
+cases:
+  - name: one
+    params: {a: [4, 3]}
+    graph: scale(a, s=2)
+    consumers: [none]
+  - name: two
+    params: {a: [4, 3]}
+    graph: scale(a, s=3)
+    consumers: [none]
+"""
+
+
+@pytest.mark.parametrize("isolate, earlier", [(None, [0, 1]), ("fresh", [0, 0])])
+def test_the_isolate_option_chooses_reused_or_fresh_children(pytester, default_ggml, monkeypatch, isolate, earlier):
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(cache_root()))
+    cases = pytester.makefile(".yaml", two=TWO_PASSING_YAML)
+    args = ["--gradgate", "--gradgate-no-builtin", "--gradgate-ggml-src", str(default_ggml), "--gradgate-cases",
+            str(cases), "--gradgate-jobs", "1", "--gradgate-json", "report.json", "-p", "no:cacheprovider"]
+    result = pytester.runpytest(*args, *(["--gradgate-isolate", isolate] if isolate else []))
+    result.assert_outcomes(passed=2)
+    report = json.loads((pytester.path / "report.json").read_text())["cases"]
+    assert [r["earlier_in_child"] for r in report] == earlier
