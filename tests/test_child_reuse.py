@@ -14,7 +14,8 @@ How these tests were seen to fail with the bug put back:
   test_known_failures_start_in_a_fresh_child_and_others_are_rerun_there;
 - MAX_CASES_PER_CHILD not checked: test_a_child_serves_at_most_max_cases_then_a_fresh_one_takes_over;
 - Runner.run not sending long cases to a fresh child: test_a_long_case_starts_in_a_fresh_child;
-- no warning for a case that passed only in a fresh child: the known-failure test again.
+- no warning for a case that passed only in a fresh child: the known-failure test again;
+- no fresh start after a surprising red (Runner._after_surprise): the test of that name.
 """
 
 import json
@@ -219,3 +220,25 @@ def test_the_isolate_option_chooses_reused_or_fresh_children(pytester, default_g
     result.assert_outcomes(passed=2)
     report = json.loads((pytester.path / "report.json").read_text())["cases"]
     assert [r["earlier_in_child"] for r in report] == earlier
+
+
+def test_the_case_after_a_surprising_red_starts_fresh_and_after_an_expected_one_does_not(default_build):
+    # ADD1's backward takes the mean where it should take the sum on this ggml (1-D a: the only
+    # shape it builds for): a real failure, which leaves its child standing
+    add1 = Case(name="add1_vector", graph="add1(a, b)", params={"a": [6], "b": [1]}, consumer="none")
+    runner = Runner(default_build.library, isolate="case")
+    try:
+        first = runner.run(ADD)
+        surprise = runner.run(add1)
+        after_surprise = runner.run(MUL)
+        expected = runner.run(add1, fresh=True)
+        after_expected = runner.run(MUL)
+    finally:
+        runner.close()
+    assert first.status == after_surprise.status == after_expected.status == Status.PASSED
+    assert surprise.status == expected.status == Status.FAILED
+    assert surprise.rerun and surprise.earlier_in_child == 0
+    # red verdicts come in runs: after a surprise the next case does not try a reused child first
+    assert after_surprise.earlier_in_child == 0 and not after_surprise.rerun
+    assert not expected.rerun and expected.earlier_in_child == 0
+    assert after_expected.earlier_in_child >= 1     # a known failure changes nothing after it

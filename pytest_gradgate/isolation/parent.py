@@ -220,6 +220,9 @@ class Runner:
         self.workers_started = 0
         self.cancelled = False
         self._starting = None     # the process of a worker that is starting, not yet up
+        # the last case was red and nobody expected it: red verdicts come in runs (the cases of
+        # one broken op, the candidates of a shrinking search), so the next case starts fresh
+        self._after_surprise = False
 
     def cancel(self, kill=True):
         """From another thread, when the run is over (-x, the crash cap, the session's end):
@@ -299,8 +302,14 @@ class Runner:
         under isolate=case it goes straight to a fresh child, whose verdict is the one that
         would stand (isolation/worker.py); the verdict does not depend on it. A long case
         (declare/work.py) goes to a fresh child too: the fork costs it little, and a red
-        verdict in a reused child would cost it a second run."""
-        fresh = fresh or estimated_work(case) >= LONG_WORK
+        verdict in a reused child would cost it a second run. So does the case after one
+        that was red when nobody expected it (see _after_surprise)."""
+        expected = fresh
+        result = self._run(case, fresh or self._after_surprise or estimated_work(case) >= LONG_WORK)
+        self._after_surprise = not expected and result.status != Status.PASSED
+        return result
+
+    def _run(self, case, fresh):
         timeout = self.timeout or default_timeout(case)
         started = time.perf_counter()
         if self.cancelled:
