@@ -44,6 +44,12 @@ def deaths_library(ggml_variant):
     return ggml_variant("deaths")[1].library
 
 
+def gate_args(ggml_root, cases):
+    """A pytest --gradgate run of `cases` alone, one case at a time, with a JSON report."""
+    return ["--gradgate", "--gradgate-no-builtin", "--gradgate-ggml-src", str(ggml_root), "--gradgate-cases",
+            str(cases), "--gradgate-jobs", "1", "--gradgate-json", "report.json", "-p", "no:cacheprovider"]
+
+
 def run_all(library, cases, isolate="case", **options):
     runner = Runner(library, isolate=isolate, **options)
     try:
@@ -143,8 +149,7 @@ def test_known_failures_start_in_a_fresh_child_and_others_are_rerun_there(pytest
     monkeypatch.setenv("GRADGATE_CACHE_DIR", str(cache_root()))
     root = ggml_variant("deaths")[0]
     cases = pytester.makefile(".yaml", reuse=KNOWN_AND_NEW_YAML)
-    args = ["--gradgate", "--gradgate-no-builtin", "--gradgate-ggml-src", str(root), "--gradgate-cases",
-            str(cases), "--gradgate-jobs", "1", "--gradgate-json", "report.json", "-p", "no:cacheprovider"]
+    args = gate_args(root, cases)
     collected = pytester.runpytest(*args, "--collect-only", "-q").stdout.lines
     known = next(line for line in collected if "::known_leaky" in line)
     # known_leaky is listed as a known failure; it passes (in a fresh child), so the baseline
@@ -214,8 +219,7 @@ cases:
 def test_the_isolate_option_chooses_reused_or_fresh_children(pytester, default_ggml, monkeypatch, isolate, earlier):
     monkeypatch.setenv("GRADGATE_CACHE_DIR", str(cache_root()))
     cases = pytester.makefile(".yaml", two=TWO_PASSING_YAML)
-    args = ["--gradgate", "--gradgate-no-builtin", "--gradgate-ggml-src", str(default_ggml), "--gradgate-cases",
-            str(cases), "--gradgate-jobs", "1", "--gradgate-json", "report.json", "-p", "no:cacheprovider"]
+    args = gate_args(default_ggml, cases)
     result = pytester.runpytest(*args, *(["--gradgate-isolate", isolate] if isolate else []))
     result.assert_outcomes(passed=2)
     report = json.loads((pytester.path / "report.json").read_text())["cases"]

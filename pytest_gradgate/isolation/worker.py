@@ -240,8 +240,7 @@ class ForkingRunner:
             child, self.spare = self.spare, None
             if self._send(child, line):
                 break
-            self._close_fds(child)   # the spare died before its case (killed from outside): take a new one
-            os.waitpid(child[0], 0)
+            self._retire(child)      # the spare died before its case (killed from outside): take a new one
         self.current = child
         if prefork:
             self._fork_spare()   # the next fresh child, forked while this one runs
@@ -260,15 +259,13 @@ class ForkingRunner:
         None: the verdict must come from a fresh child; did the child get the case at all)."""
         child, self.serving = self.serving, None
         if not self._send(child, line):   # it died while it waited (killed from outside)
-            self._close_fds(child)
-            os.waitpid(child[0], 0)
+            self._retire(child)
             return None, False
         reply, stands, stays, timed_out = self._answer(child, request)
         if reply is None:                 # crashed or hung: a fresh child says which, if either
             if timed_out:
                 os.kill(child[0], signal.SIGKILL)
-            self._close_fds(child)
-            os.waitpid(child[0], 0)
+            self._retire(child)
             return None, True
         if stays:
             self.serving = child
@@ -313,7 +310,8 @@ class ForkingRunner:
         self.finished.append(child[0])
 
     def _retire(self, child):
-        self._close_fds(child)      # EOF instead of a case: it exits
+        """Close its pipes (a child waiting for a case reads EOF and exits) and reap it."""
+        self._close_fds(child)
         os.waitpid(child[0], 0)
 
     @staticmethod
