@@ -50,7 +50,8 @@ SETTINGS = [
     Setting("timeout", "per-case timeout in seconds (default: sized to the case)", 0.0, kind="float"),
     Setting("max_memory", "cap on a case's memory, e.g. 2G or 512M, at most 1048576G (default: none)", 0,
             kind="size"),
-    Setting("backtrace", "let ggml print backtraces when a case aborts (slow; attaches gdb)", False, kind="bool"),
+    Setting("backtrace", "let ggml print backtraces when a case aborts (slow; attaches gdb), and let a crash "
+            "dump core as ulimit -c allows", False, kind="bool"),
     Setting("mode", "full: check every element; fast: random directions (large tensors)", None, ("full", "fast")),
     Setting("crash_cap", "stop the run after this many cases in a row whose worker could not start", 3, kind="int"),
     Setting("baseline", "baseline file of known failures (default: the shipped one for the default ggml)"),

@@ -11,7 +11,6 @@ isolate=worker: the worker runs the case itself; if it dies the parent sees EOF 
 reports the crash from the phases it was sent and the worker's stderr file.
 """
 
-import ctypes
 import gc
 import mmap
 import os
@@ -28,6 +27,7 @@ from pytest_gradgate.check.outcome import Phase, Status
 from pytest_gradgate.check.result import Result
 from pytest_gradgate.declare.case import Case
 from pytest_gradgate.isolation import protocol
+from pytest_gradgate.isolation.prctl import PRCTL, allow_core_dumps, die_with_parent
 from pytest_gradgate.isolation.crash import STDERR_TAIL, Crash, stderr_excerpt
 
 # what a worker runs before its first fork (the first that passes on this ggml): every
@@ -38,7 +38,6 @@ from pytest_gradgate.isolation.crash import STDERR_TAIL, Crash, stderr_excerpt
 WARM_UP_CASES = [dict(name="warm-up", graph="add(a, b)", params={"a": [4, 3], "b": [4, 3]}, consumer=consumer,
                       threads=1)
                  for consumer in ("transpose", "none")]
-PR_SET_PDEATHSIG = 1
 PHASE_BOARD_BYTES = 64
 
 
@@ -72,11 +71,13 @@ def memory_baseline(field="VmSize:"):
 
 def apply_backtrace_setting(backtrace):
     # ggml_print_backtrace forks gdb on an abort unless GGML_NO_BACKTRACE is set: slow,
-    # and it can hang CI; only let it through when the user asked for backtraces
+    # and it can hang CI; only let it through when the user asked for backtraces. A crash
+    # dumps core only then too (prctl.allow_core_dumps)
     if backtrace:
         os.environ.pop("GGML_NO_BACKTRACE", None)
     else:
         os.environ["GGML_NO_BACKTRACE"] = "1"
+    allow_core_dumps(bool(backtrace))
 
 
 def _apply_memory_cap(max_memory, baseline):
@@ -84,23 +85,6 @@ def _apply_memory_cap(max_memory, baseline):
         import resource
         limit = baseline + max_memory
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
-def _find_prctl():
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError, TypeError):  # not Linux (Windows: no CDLL(None))
-        return None
-
-
-_PRCTL = _find_prctl()   # looked up once, in the worker, not in every child
-
-
-def _die_with_parent():
-    """Linux: this process gets SIGKILL when its parent dies: a case's child when its worker
-    dies, the worker when pytest dies, so no spinning case outlives a killed pytest."""
-    if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 PARENT_PID_ENV = "GRADGATE_PARENT_PID"
@@ -111,10 +95,10 @@ def _bind_to_parent():
     parent that died before the prctl took effect has already left us to init. Where there
     is no prctl (macOS), a thread watches for the re-parenting instead."""
     expected = int(os.environ.get(PARENT_PID_ENV) or 0)
-    _die_with_parent()
+    die_with_parent()
     if expected and os.getppid() != expected:
         os._exit(1)
-    if _PRCTL is None and expected:
+    if PRCTL is None and expected:
         import threading
 
         def watch():
@@ -351,7 +335,7 @@ class ForkingRunner:
             devnull = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
-            _die_with_parent()
+            die_with_parent()
             gc.disable()   # a collection would write to (and so copy) pages of every object it visits
             served = 0
             while True:
@@ -432,6 +416,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     library = argv[0]
     _bind_to_parent()
+    # before the library loads: a broken build can kill the worker in dlopen
+    allow_core_dumps("GGML_NO_BACKTRACE" not in os.environ)   # the Runner's backtrace setting
     channel_fd = os.dup(1)
     # keep fd 1 away from the protocol channel: ggml prints to stdout sometimes
     os.dup2(2, 1)
