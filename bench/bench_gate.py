@@ -23,8 +23,12 @@ timed on an empty folder, in one process and with -n 2: a floor that neither the
 the engine can lower (on a machine with PYTHONDONTWRITEBYTECODE=1, it includes pytest
 compiling and rewriting every plugin's modules, e.g. all of hypothesis when its plugin is
 installed, in each process).
-4. Where Hypothesis's pytest plugin is installed (this project's test extra brings it), 1 and
-   3 are also run with it blocked (-p no:hypothesispytest), side by side with the runs above:
+   The same pytest is also timed on as many empty test items as the gate had, with the
+   same outcomes (passed, skipped, xfailed): what pytest and pytest-xdist spend per item
+   whatever a plugin does. Of the CPU a gate run spends over the Runner alone, the report
+   says how much that is and how much is left for the gate's own pytest layer.
+4. Where Hypothesis's pytest plugin is installed (this project's test extra brings it), 1, 2
+   and 3 are also run with it blocked (-p no:hypothesispytest), side by side with the runs above:
    what pytest loads in a default install, where Hypothesis is only the explore extra. The
    HEADLINE stays the run with every installed plugin, the less flattering one.
 5. CPU seconds of every process of each run (pytest's, its case workers' and their children's;
@@ -57,7 +61,7 @@ def timed(cmd, cwd):
 
 
 def pytest_run(folder, extra):
-    """(wall s, the cases' durations summed, cases, exit code, CPU s of every process)."""
+    """(wall s, the cases' durations summed, cases, exit code, CPU s of every process, {outcome: items})."""
     report = Path(folder) / "r.json"
     cmd = [sys.executable, "-m", "pytest", "--gradgate", "-q", "-p", "no:cacheprovider", "--gradgate-json",
            str(report), *extra]
@@ -65,7 +69,30 @@ def pytest_run(folder, extra):
     if not report.is_file():
         raise SystemExit(f"pytest --gradgate did not write its report (exit {code}):\n{text[-2000:]}")
     cases = json.loads(report.read_text())["cases"]
-    return wall, sum(c.get("duration") or 0.0 for c in cases), len(cases), code, cpu
+    outcomes = {}
+    for c in cases:
+        outcomes[c.get("outcome")] = outcomes.get(c.get("outcome"), 0) + 1
+    return wall, sum(c.get("duration") or 0.0 for c in cases), len(cases), code, cpu, outcomes
+
+
+# how an empty test reaches each outcome the gate's items have, the way the gate's items
+# reach it (gate/items.py: pytest.skip, pytest.xfail, a failure without a Python traceback)
+EMPTY_BODIES = {"passed": "pass", "skipped": "pytest.skip('floor')", "xfailed": "pytest.xfail('floor')",
+                "failed": "pytest.fail('floor', pytrace=False)"}
+
+
+def items_floor(folder, outcomes, extra):
+    """(wall s, CPU s) of the same pytest running as many empty tests as the gate had items,
+    with the same outcomes: what pytest (and pytest-xdist) cost for that many items, which no
+    plugin can lower."""
+    lines = ["import pytest", ""]
+    for outcome, n in sorted(outcomes.items()):
+        lines += [f"@pytest.mark.parametrize('i', range({n}))", f"def test_{outcome}(i):",
+                  f"    {EMPTY_BODIES[outcome]}", ""]
+    path = Path(folder) / "test_floor.py"
+    path.write_text("\n".join(lines))
+    wall, cpu, _, _ = timed([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra, path.name], folder)
+    return wall, cpu
 
 
 def pytest_floor(extra):
@@ -102,17 +129,21 @@ def main(argv=None):
     # next. The figures are medians over the repetitions of each repetition's ratio.
     # With and without Hypothesis's plugin alternate the same way.
     variants = bench_reference.plugin_variants()
-    ahead, two = {v: [] for v in variants}, {v: [] for v in variants}
+    ahead, two, one = {v: [] for v in variants}, {v: [] for v in variants}, {v: [] for v in variants}
     floors = {v: ([], []) for v in variants}
     floor_cpu = {v: ([], []) for v in variants}
-    one, alone = [], {n: [] for n in sorted({1, 2, jobs})}
-    with tempfile.TemporaryDirectory(prefix="gradgate-bench-gate-") as folder:
+    # the same pytest with as many empty items of the same outcomes: one process, -n 2
+    item_floors = {v: ([], []) for v in variants}
+    alone = {n: [] for n in sorted({1, 2, jobs})}
+    with tempfile.TemporaryDirectory(prefix="gradgate-bench-gate-") as folder, \
+            tempfile.TemporaryDirectory(prefix="gradgate-bench-items-") as items_folder:
         pytest_run(folder, extra + ["-k", "dup and none and not get_rows"])   # warm caches
         for _ in range(args.repeat):
             for v in variants:
                 ahead[v].append(pytest_run(folder, extra + list(v)))
             alone[jobs].append(runner_alone(jobs))
-            one.append(pytest_run(folder, extra + ["--gradgate-jobs", "1"]))
+            for v in variants:
+                one[v].append(pytest_run(folder, extra + ["--gradgate-jobs", "1"] + list(v)))
             if 1 != jobs:
                 alone[1].append(runner_alone(1))
             for v in variants:
@@ -123,6 +154,9 @@ def main(argv=None):
                 for k, floor in enumerate((pytest_floor(list(v)), pytest_floor(["-n", "2"] + list(v)))):
                     floors[v][k].append(floor[0])
                     floor_cpu[v][k].append(floor[1])
+                outcomes = ahead[v][-1][5]
+                for k, mode in enumerate(([], ["-n", "2"])):
+                    item_floors[v][k].append(items_floor(items_folder, outcomes, mode + list(v)))
 
     def med(values):
         return statistics.median(values)
@@ -145,16 +179,18 @@ def main(argv=None):
           f"cores); (b) against the Runner alone, {jobs} workers, same cases ({med(alone[jobs]):.1f} s): "
           f"{by_alone}; exit {ahead[()][0][3]}")
     print(f"HEADLINE one process: {max(h1, h2):.2f}x")
-    wall_1, durations_1 = med(r[0] for r in one), med(r[1] for r in one)
-    print(f"pytest --gradgate --gradgate-jobs 1: {wall_1:.1f} s wall; against its cases' durations "
-          f"({durations_1:.1f} s): {ratio(one, 0, [r[1] for r in one])[0]} (goal: at most 1.3x); against the "
-          f"Runner alone, 1 worker ({med(alone[1]):.1f} s): {ratio(one, 0, alone[1])[0]}")
+    def jobs_one(v):
+        runs = one[v]
+        return (f"{med(r[0] for r in runs):.1f} s wall; against its cases' durations ({med(r[1] for r in runs):.1f} s): "
+                f"{ratio(runs, 0, [r[1] for r in runs])[0]} (goal: at most 1.3x); against the Runner alone, "
+                f"1 worker ({med(alone[1]):.1f} s): {ratio(runs, 0, alone[1])[0]}")
+    print(f"pytest --gradgate --gradgate-jobs 1: {jobs_one(())}")
     print(f"pytest --gradgate -n 2: {med(r[0] for r in two[()]):.1f} s wall; against the Runner alone, 2 workers, "
           f"same cases ({med(alone[2]):.1f} s): {ratio(two[()], 0, alone[2])[0]} (goal: at most 1.3x)")
     f1, f2 = floors[()]
     print(f"pytest's floor here (same pytest and plugins, empty folder): {med(f1):.1f} s in one process, "
           f"{med(f2):.1f} s with -n 2; beyond it, against the Runner alone: one process "
-          f"{beyond(ahead[()], f1, alone[jobs])}, --gradgate-jobs 1 {beyond(one, f1, alone[1])}, "
+          f"{beyond(ahead[()], f1, alone[jobs])}, --gradgate-jobs 1 {beyond(one[()], f1, alone[1])}, "
           f"-n 2 {beyond(two[()], f2, alone[2])}")
     # CPU seconds: what every process of a run did, whatever else the machine was doing. On a
     # shared machine they move far less than wall time; with the cores saturated (the Runner
@@ -167,6 +203,19 @@ def main(argv=None):
               f"-n 2 {med(r[4] for r in two[v]):.1f} s, {two_cpu[0]} the Runner alone's with 2 workers "
               f"({med(cpu_alone[2]):.1f} s); pytest's floor {med(floor_cpu[v][0]):.1f} s / "
               f"{med(floor_cpu[v][1]):.1f} s")
+    # pytest's cost per item, measured on empty items: of what a gate run costs over the
+    # Runner alone, the part that is pytest's whatever a plugin does, and the rest
+    for v in variants:
+        label = "as installed" if v == () else " ".join(v)
+        (w1, w2), outcomes = item_floors[v], ahead[v][0][5]
+        shown = ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items()))
+        cpu1, cpu2 = med(f[1] for f in w1), med(f[1] for f in w2)
+        over1 = med(r[4] for r in ahead[v]) - med(cpu_alone[jobs])
+        over2 = med(r[4] for r in two[v]) - med(cpu_alone[2])
+        print(f"pytest's floor with {sum(outcomes.values())} empty items of the gate's outcomes ({shown}; {label}): "
+              f"one process {med(f[0] for f in w1):.1f} s wall, {cpu1:.1f} CPU s; -n 2 {med(f[0] for f in w2):.1f} s "
+              f"wall, {cpu2:.1f} CPU s. The gate's CPU over the Runner alone's: one process {over1:.1f} s "
+              f"({over1 - cpu1:+.1f} s beyond the empty items'), -n 2 {over2:.1f} s ({over2 - cpu2:+.1f} s beyond)")
     blocked = bench_reference.NO_HYPOTHESIS
     if blocked in ahead:
         g1, g2 = floors[blocked]
@@ -174,7 +223,7 @@ def main(argv=None):
               f"extra): one process {med(r[0] for r in ahead[blocked]):.1f} s: "
               f"{ratio(ahead[blocked], 0, alone[jobs])[0]} the Runner alone; -n 2 "
               f"{med(r[0] for r in two[blocked]):.1f} s: {ratio(two[blocked], 0, alone[2])[0]}; pytest's floor "
-              f"{med(g1):.1f} s / {med(g2):.1f} s")
+              f"{med(g1):.1f} s / {med(g2):.1f} s; --gradgate-jobs 1: {jobs_one(blocked)}")
     else:
         print("Hypothesis's pytest plugin is not installed here: the figures above are a default install's")
     return 0
