@@ -305,14 +305,15 @@ def _core_pattern_in_working_directory():
     return pattern if pattern and not pattern.startswith("|") and "/" not in pattern else None
 
 
-@pytest.mark.parametrize("isolate", ["case", "worker"])
+@pytest.mark.parametrize("isolate, backtrace", [("case", False), ("worker", False), ("case", True)])
 def test_a_crashing_case_dumps_no_core_where_the_user_allows_core_dumps(default_build, tmp_path, monkeypatch,
-                                                                        isolate):
+                                                                        isolate, backtrace):
     """Under `ulimit -c unlimited` (a C developer's shell) each crashed child wrote its memory
     to a core file in the working directory: 189 of the built-in suite's cases crash on the
     default ggml, and the suite took 22 s instead of 11 s and left a 26 MB `core` behind.
     Seen to fail without prctl.allow_core_dumps(False): a `core` in the gate's folder. The
-    control (a plain Python that aborts in the same setting) shows the machine does write one."""
+    control (a plain Python that aborts in the same setting) shows the machine does write one.
+    With --gradgate-backtrace (ggml's debugging output) the user's limit stands: a core is written."""
     import resource
     import subprocess
     import sys
@@ -333,7 +334,7 @@ def test_a_crashing_case_dumps_no_core_where_the_user_allows_core_dumps(default_
         subprocess.run([sys.executable, "-c", "import os; os.abort()"], cwd=control, check=False)
         assert list(control.iterdir()), f"no core file from a plain abort here (core_pattern {pattern!r})"
         monkeypatch.chdir(gate)      # the worker's, and so its children's, working directory
-        runner = Runner(default_build.library, isolate=isolate)
+        runner = Runner(default_build.library, isolate=isolate, backtrace=backtrace)
         try:
             # add1 with a 3-D a aborts in build-backward on the default ggml (a shipped known failure)
             result = runner.run(Case(name="crash", graph="add1(a, b)", params={"a": [4, 3, 2], "b": [1]}))
@@ -343,4 +344,7 @@ def test_a_crashing_case_dumps_no_core_where_the_user_allows_core_dumps(default_
         resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
     assert result.status == Status.CRASHED, result.message
     assert "SIGABRT" in result.message, result.message
-    assert list(gate.iterdir()) == []
+    if backtrace:
+        assert [p.name for p in gate.iterdir()], "--gradgate-backtrace: the user's core dump limit was not kept"
+    else:
+        assert list(gate.iterdir()) == []
