@@ -309,7 +309,7 @@ def _core_pattern_in_working_directory():
 def test_a_crashing_case_dumps_no_core_where_the_user_allows_core_dumps(default_build, tmp_path, monkeypatch,
                                                                         isolate, backtrace):
     """Under `ulimit -c unlimited` (a C developer's shell) each crashed child wrote its memory
-    to a core file in the working directory: 189 of the built-in suite's cases crash on the
+    to a core file in the working directory: 263 of the built-in suite's cases crash on the
     default ggml, and the suite took 22 s instead of 11 s and left a 26 MB `core` behind.
     Seen to fail without prctl.allow_core_dumps(False): a `core` in the gate's folder. The
     control (a plain Python that aborts in the same setting) shows the machine does write one.

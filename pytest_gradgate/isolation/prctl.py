@@ -34,14 +34,15 @@ def die_with_parent():
 def allow_core_dumps(allowed):
     """No core dump for a case that crashes, unless the run asks for backtraces.
 
-    A crash is an expected outcome here, one of hundreds a run can have (189 of the built-in
-    suite's cases crash on the default ggml). Where a developer has `ulimit -c unlimited`,
-    the kernel writes each crashed child's memory, tens of MB, to a core file in the
-    working directory, or pipes it to systemd-coredump or apport: on a 2-core machine that
-    took the built-in suite from 11 s to 22 s, and left a core file behind. Not dumpable stops the dump before the
-    kernel looks at core_pattern; RLIMIT_CORE alone would not stop a piped one. Backtraces
-    keep the user's setting: ggml's attaches gdb, which a process that is not dumpable
-    refuses to anyone without CAP_SYS_PTRACE."""
+    A crash is an expected outcome here, one of hundreds a run can have (263 of the built-in
+    suite's cases crash on the default ggml: 189 known failures, 74 ops without a backward).
+    Where a developer has `ulimit -c unlimited`, the kernel writes each crashed child's
+    memory, tens of MB, to a core file in the working directory, or pipes it to
+    systemd-coredump or apport: on a 2-core machine that took the built-in suite from 11 s
+    to 22 s, and left a core file behind (bench/bench_crashes.py). Not dumpable stops the
+    dump before the kernel looks at core_pattern; RLIMIT_CORE alone would not stop a piped
+    one. Backtraces keep the user's setting: ggml's attaches gdb, which a process that is
+    not dumpable refuses to anyone without CAP_SYS_PTRACE."""
     try:
         import resource
     except ImportError:     # Windows: no fork, no core dumps of this kind
