@@ -71,13 +71,12 @@ def memory_baseline(field="VmSize:"):
 
 def apply_backtrace_setting(backtrace):
     # ggml_print_backtrace forks gdb on an abort unless GGML_NO_BACKTRACE is set: slow,
-    # and it can hang CI; only let it through when the user asked for backtraces. A crash
-    # dumps core only then too (prctl.allow_core_dumps)
+    # and it can hang CI; only let it through when the user asked for backtraces (core
+    # dumps follow the same setting, once for the worker and its children: see main)
     if backtrace:
         os.environ.pop("GGML_NO_BACKTRACE", None)
     else:
         os.environ["GGML_NO_BACKTRACE"] = "1"
-    allow_core_dumps(bool(backtrace))
 
 
 def _apply_memory_cap(max_memory, baseline):
@@ -416,8 +415,9 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     library = argv[0]
     _bind_to_parent()
-    # before the library loads: a broken build can kill the worker in dlopen
-    allow_core_dumps("GGML_NO_BACKTRACE" not in os.environ)   # the Runner's backtrace setting
+    # before the library loads (a broken build can kill the worker in dlopen); the children
+    # it forks inherit it. The Runner's backtrace setting, as Worker put it in our environment
+    allow_core_dumps("GGML_NO_BACKTRACE" not in os.environ)
     channel_fd = os.dup(1)
     # keep fd 1 away from the protocol channel: ggml prints to stdout sometimes
     os.dup2(2, 1)
