@@ -15,10 +15,16 @@ How these tests were seen to fail with the bug put back:
 - MAX_CASES_PER_CHILD not checked: test_a_child_serves_at_most_max_cases_then_a_fresh_one_takes_over;
 - Runner.run not sending long cases to a fresh child: test_a_long_case_starts_in_a_fresh_child;
 - no warning for a case that passed only in a fresh child: the known-failure test again;
-- no fresh start after a surprising red (Runner._after_surprise): the test of that name.
+- no fresh start after a surprising red (Runner._after_surprise): the test of that name;
+- the worker's warm-up not diagnosing a made-up failure (metrics.warm_up_diagnosis):
+  a fresh child imports numpy.ma for a real failure's diagnosis, failing
+  test_a_fresh_child_diagnoses_a_failure_with_nothing_left_to_import.
 """
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -246,3 +252,34 @@ def test_the_case_after_a_surprising_red_starts_fresh_and_after_an_expected_one_
     assert after_surprise.earlier_in_child == 0 and not after_surprise.rerun
     assert not expected.rerun and expected.earlier_in_child == 0
     assert after_expected.earlier_in_child >= 1     # a known failure changes nothing after it
+
+
+# What a red verdict's fresh child runs, as it runs it: a copy of the worker after its
+# warm-up (fork copies sys.modules), here in a process of its own so nothing of this test's leaks in
+_FRESH_CHILD_SCRIPT = """
+import json, os, sys
+from pytest_gradgate.build import binding
+from pytest_gradgate.check.engine import run_case
+from pytest_gradgate.declare.case import Case
+from pytest_gradgate.isolation.worker import ForkingRunner
+lib = binding.load(sys.argv[1])
+ForkingRunner(lib, os.dup(1)).warm_up()
+before = set(sys.modules)
+result = run_case(Case(**json.loads(sys.argv[2])), lib)
+print(json.dumps({"status": str(result.status), "kind": str(result.kind),
+                  "imported": sorted(set(sys.modules) - before)}))
+"""
+
+
+def test_a_fresh_child_diagnoses_a_failure_with_nothing_left_to_import(default_build):
+    # SILU's backward reads the incoming gradient as if contiguous on this ggml (the
+    # baseline's silu[transpose]): a real failure of 24 elements, whose diagnosis goes through
+    # np.median, which imports numpy.ma (16 ms) in each fresh child unless the worker did
+    silu = Case(name="silu_transposed", graph="silu(a)", params={"a": [4, 3, 2]}, consumer="transpose")
+    out = subprocess.run([sys.executable, "-c", _FRESH_CHILD_SCRIPT, str(default_build.library),
+                          json.dumps(silu.to_dict())], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, GGML_NO_BACKTRACE="1"))
+    assert out.returncode == 0, out.stderr
+    child = json.loads(out.stdout.strip().splitlines()[-1])
+    assert child["status"] == "failed" and child["kind"] != "", child
+    assert child["imported"] == [], child

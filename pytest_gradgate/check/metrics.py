@@ -225,3 +225,16 @@ def diagnose(analytic, numeric, noise, metrics, max_maa, reads="the incoming gra
             return Diagnosis.WRONG_SIGN, "wrong sign: analytic = -numeric"
         return Diagnosis.WRONG_SCALE, f"wrong scale: analytic = {k:.4g} x numeric (cosine {cos:.4f})"
     return Diagnosis.DISAGREE, f"values disagree (cosine {cos:.3f}, norm ratio {metrics['norm_ratio']:.3g})"
+
+
+def warm_up_diagnosis():
+    """Diagnose a made-up failure once, in the worker before it forks (isolation/worker.py).
+
+    Only a red verdict reaches diagnose, and a red verdict comes from a fresh child, which
+    inherits from the worker only what the worker ran: its warm-up cases pass, so each such
+    child paid diagnose's first-use costs again, numpy's lazy import of numpy.ma above all
+    (np.median needs it: 16 ms a child on a 2-core machine). The made-up failure is a wrong
+    scale whose elements all disagree, so that diagnose goes as far as fraction_found."""
+    numeric = np.linspace(-1.0, 1.0, 64)
+    analytic, noise = 3.0 * numeric, np.full(64, 1e-6)
+    return diagnose(analytic, numeric, noise, compare(analytic, numeric, noise, 1e-4), 1e-4)

@@ -22,6 +22,7 @@ import time
 import traceback
 
 from pytest_gradgate.build import binding
+from pytest_gradgate.check import metrics
 from pytest_gradgate.check.engine import run_case
 from pytest_gradgate.check.outcome import Phase, Status
 from pytest_gradgate.check.result import Result
@@ -174,7 +175,9 @@ class ForkingRunner:
         first-use costs (ggml's CPU backend tables, cffi's type parsing, numpy's and our
         own lazy imports), tens of ms, again. The case runs in a child first; only if it
         passes there is it run here, so a ggml that dies even on
-        the warm-up cases still gets a worker, and each case its own report."""
+        the warm-up cases still gets a worker, and each case its own report. The
+        diagnosis of a failure, which no warm-up case reaches, is warmed on made-up numbers."""
+        metrics.warm_up_diagnosis()
         for spec in WARM_UP_CASES:
             case = Case(**spec)
             line = protocol.encode(protocol.CASE, case=case.to_dict())
