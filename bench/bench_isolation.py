@@ -15,6 +15,12 @@ in-process; the list is cycled if the suite passes fewer), then times the whole 
 
 and prints per-case medians and the overhead of each mode over in-process. The target
 (issue 4) is an isolate=case overhead under 5 ms per case on a 2-core CI machine.
+
+Then what a red verdict costs: the suite's cases that fail (a wrong gradient, not a crash) on
+the ggml under test, at most --cases of them, timed the same way in-process and each in a
+fresh child, as the default runs every red verdict (a known failure starts there at once:
+Runner.run(case, fresh=True)). The fresh child inherits only what the worker ran, so this is
+where first-use costs that the worker's warm-up does not reach show (isolation/worker.py).
 """
 
 import argparse
@@ -37,23 +43,28 @@ SUITE = Path(pytest_gradgate.__file__).resolve().parent / "cases.yaml"
 TARGET_MS = 5.0
 
 
-def passing_cases(library, n):
+def suite_cases(library, n):
+    """(n passing cases, at most n failing ones) of the built-in suite's full-mode cases, as
+    one isolated pass finds them on this ggml; the passing list is cycled to n."""
     loaded, errors = load_file(SUITE, builtin=True)
     if errors:
         sys.exit(f"{SUITE}: {errors[0]}")
     runner = Runner(library, isolate="case")
-    passing = []
+    passing, failing = [], []
     try:
         for case in (c for entry in loaded for c in entry.cases if c.mode == "full"):
-            if runner.run(case).status == "passed":
+            status = runner.run(case).status
+            if status == "passed" and len(passing) < n:
                 passing.append(case)
-            if len(passing) == n:
+            elif status == "failed" and len(failing) < n:
+                failing.append(case)
+            if len(passing) == len(failing) == n:
                 break
     finally:
         runner.close()
     if not passing:
         sys.exit("no case of the built-in suite passes on this ggml: nothing to time")
-    return [passing[i % len(passing)] for i in range(n)]
+    return [passing[i % len(passing)] for i in range(n)], failing
 
 
 def cpu_seconds(worker_pid=None):
@@ -70,8 +81,13 @@ def cpu_seconds(worker_pid=None):
 
 
 def time_mode(mode, cases, library, repeat):
-    """(wall s/case of each repetition, CPU s/case over all): one untimed pass first."""
-    if mode == "in-process":
+    """(wall s/case of each repetition, CPU s/case over all): one untimed pass first. Mode
+    "red": isolate=case with every case in a fresh child, as the default runs red verdicts."""
+    if mode == "red":
+        runner = Runner(library, isolate="case")
+        run, close = (lambda case: runner.run(case, fresh=True)), runner.close
+        pid = lambda: runner.worker.proc.pid  # noqa: E731
+    elif mode == "in-process":
         lib = binding.load(library)
         run = lambda case: run_case(case, lib)  # noqa: E731
         close = lambda: None  # noqa: E731
@@ -107,7 +123,7 @@ def main(argv=None):
 
     source = resolve_source(args.ggml_src, None)
     library = ensure_build(source.root, BuildOptions()).library
-    cases = passing_cases(library, args.cases)
+    cases, failing = suite_cases(library, args.cases)
     print(f"ggml {source.version} ({source.label}); {len(cases)} cases "
           f"({len({c.id for c in cases})} distinct) from {SUITE.name}; median of {args.repeat} repetitions; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
@@ -126,6 +142,18 @@ def main(argv=None):
     print(f"isolate=case overhead {fork_overhead:.2f} ms/case wall, "
           f"{(cpus['case'] - cpus['in-process']) * 1e3:.2f} ms/case CPU: {verdict} the {TARGET_MS:g} ms target "
           f"(load average {os.getloadavg()[0]:.2f} at the end)")
+    if not failing:
+        print("red verdicts: no case of the built-in suite fails on this ggml without crashing: not timed")
+        return 0
+    red = {}
+    for mode in ("in-process", "red"):
+        runs, cpu = time_mode(mode, failing, library, args.repeat)
+        red[mode] = (statistics.median(runs), cpu)
+    (wall_in, cpu_in), (wall_red, cpu_red) = red["in-process"], red["red"]
+    print(f"red verdicts: {len(failing)} cases of {SUITE.name} that fail on this ggml; in-process "
+          f"{wall_in * 1e3:.2f} ms/case wall, {cpu_in * 1e3:.2f} CPU; each in a fresh child (as the default runs a "
+          f"red verdict) {wall_red * 1e3:.2f} ms/case wall, {cpu_red * 1e3:.2f} CPU: {(wall_red - wall_in) * 1e3:.2f} ms "
+          f"wall, {(cpu_red - cpu_in) * 1e3:.2f} ms CPU a red verdict over in-process")
     return 0
 
 
