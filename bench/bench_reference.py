@@ -312,10 +312,31 @@ def install_description():
         if direct.get("dir_info", {}).get("editable"):
             checkout = Path(direct.get("url", "").removeprefix("file://")).resolve()
             if where.parent == checkout:
-                return f"pytest-gradgate {pytest_gradgate.__version__}, an editable install of {checkout}"
+                return f"pytest-gradgate {pytest_gradgate.__version__}, an editable install of {checkout}" + _plugins_note()
         elif Path(dist.locate_file("pytest_gradgate/__init__.py")).resolve().parent == where:
-            return f"pytest-gradgate {pytest_gradgate.__version__}, installed at {where}"
+            return f"pytest-gradgate {pytest_gradgate.__version__}, installed at {where}" + _plugins_note()
     return f"pytest-gradgate {pytest_gradgate.__version__} from {where} (on the path, not the installed one)"
+
+
+def _plugins_note():
+    plugins = installed_pytest_plugins()
+    return f"; other pytest plugins installed: {', '.join(plugins)}" if plugins else "; no other pytest plugin installed"
+
+
+def installed_pytest_plugins():
+    """'name (distribution version)' of each pytest plugin an entry point loads here, this
+    package's own left out: what 'as installed' carries beyond a default install, which has
+    none (pytest-xdist is only the test extra's)."""
+    from importlib.metadata import entry_points
+    found = entry_points()
+    group = found.select(group="pytest11") if hasattr(found, "select") else found.get("pytest11", [])
+    out = set()
+    for ep in group:
+        dist = getattr(ep, "dist", None)
+        if dist is not None and dist.metadata["Name"].lower().replace("_", "-") == "pytest-gradgate":
+            continue
+        out.add(f"{ep.name} ({dist.metadata['Name']} {dist.version})" if dist is not None else ep.name)
+    return sorted(out)
 
 
 def plugin_variants():
