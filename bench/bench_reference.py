@@ -290,11 +290,16 @@ def per_evaluation_alone(cases, library, repeat, isolate="case"):
 NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
 
 
-def hypothesis_plugin_installed():
+def _pytest_plugin_entry_points():
+    """The entry points of the pytest11 group: the plugins every pytest process here loads."""
     from importlib.metadata import entry_points
     found = entry_points()
     group = found.select(group="pytest11") if hasattr(found, "select") else found.get("pytest11", [])
-    return any(ep.name == "hypothesispytest" for ep in group)
+    return list(group)
+
+
+def hypothesis_plugin_installed():
+    return any(ep.name == "hypothesispytest" for ep in _pytest_plugin_entry_points())
 
 
 def install_description():
@@ -327,11 +332,8 @@ def installed_pytest_plugins():
     """'name (distribution version)' of each pytest plugin an entry point loads here, this
     package's own left out: what 'as installed' carries beyond a default install, which has
     none (pytest-xdist is only the test extra's)."""
-    from importlib.metadata import entry_points
-    found = entry_points()
-    group = found.select(group="pytest11") if hasattr(found, "select") else found.get("pytest11", [])
     out = set()
-    for ep in group:
+    for ep in _pytest_plugin_entry_points():
         dist = getattr(ep, "dist", None)
         if dist is not None and dist.metadata["Name"].lower().replace("_", "-") == "pytest-gradgate":
             continue
