@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -102,6 +103,49 @@ def test_gradgate_build_bad_source_is_one_line_and_a_usage_error(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [f"gradgate build: error: --ggml-src: ggml source '{tmp_path / 'nope'}' "
                                         "does not exist (expected a ggml checkout or a llama.cpp checkout, or a pinned source: ggml-0.15.3, ggml-0.26.0)"]
+
+
+def compiled_files(stats_log):
+    """The files ccache's stats log (CCACHE_STATSLOG) shows compiled, not found in the cache."""
+    files, current = [], None
+    for line in Path(stats_log).read_text().splitlines():
+        if line.startswith("# "):
+            current = {"file": line[2:], "hit": False}
+            files.append(current)
+        elif current is not None and line.endswith("_cache_hit"):
+            current["hit"] = True
+    return [f["file"] for f in files if not f["hit"]], len(files)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("ccache") is None, reason="objects are shared between builds through ccache")
+def test_a_copy_of_ggml_that_differs_in_one_file_compiles_that_file_alone(default_ggml, tmp_path, monkeypatch):
+    """ccache finds an object by its compile line, and CMake writes absolute paths into it: before
+    the builds reached their tree through the staging folder's link (cmake.py, SOURCE_LINK), a copy
+    of ggml at another path compiled every file again (26 here, 110 s each for this suite's patched
+    copies on a cold run). Verified to fail with the link taken out: 26 files compiled, not 1."""
+    original, patched = tmp_path / "original" / "ggml", tmp_path / "patched" / "ggml"
+    for copy in (original, patched):
+        shutil.copytree(default_ggml, copy)
+    ggml_c = patched / "src" / "ggml.c"
+    anchor = '#include "ggml.h"\n'
+    text = ggml_c.read_text()
+    assert anchor in text
+    ggml_c.write_text(text.replace(anchor, anchor + "int gradgate_patched_copy = 1;\n", 1))
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(tmp_path / "cache"))
+    # at a path no build has used: what ccache holds of the default ggml is shared already, or
+    # this build puts it there
+    ensure_build(original, BuildOptions())
+    monkeypatch.setenv("CCACHE_STATSLOG", str(tmp_path / "ccache-stats.log"))
+    build = ensure_build(patched, BuildOptions())
+    compiled, seen = compiled_files(tmp_path / "ccache-stats.log")
+    assert seen > 20 and len(compiled) == 1 and compiled[0].endswith("src/ggml.c"), (seen, compiled)
+    # ggml's abort lines name the file inside the tree, not the link the build reached it by
+    library = build.library.read_bytes()
+    assert b"ggml/src/ggml.c" in library and b"ggml-source" not in library
+    assert subprocess.run([sys.executable, "-c", "import sys; from pytest_gradgate.build import binding; "
+                           "print(binding.ggml_version(binding.load(sys.argv[1])))", str(build.library)],
+                          stdout=subprocess.PIPE, text=True, timeout=120).stdout.strip() == "0.15.3"
 
 
 @pytest.mark.slow

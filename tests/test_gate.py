@@ -303,6 +303,11 @@ def test_annotations_escape_what_github_would_misread(tmp_path):
 def test_baseline_reasons_do_not_depend_on_where_ggml_was_built():
     line = "ggml aborted in phase compute: /tmp/dl/x-0.0.45/vendor/ggml/src/ggml-cpu/ops.cpp:1841: GGML_ASSERT(a) failed"
     assert normalise_reason(line) == "ggml aborted in phase compute: ggml-cpu/ops.cpp:1841: GGML_ASSERT(a) failed"
+    # a build that shares objects between copies of one tree compiles it as ggml/src/...
+    shared = "ggml aborted in phase compute: ggml/src/ggml-cpu/ops.cpp:1841: GGML_ASSERT(a) failed"
+    assert normalise_reason(shared) == "ggml aborted in phase compute: ggml-cpu/ops.cpp:1841: GGML_ASSERT(a) failed"
+    cuda = "ggml aborted in phase compute: ../ggml-source/src/ggml-cuda/binbcast.cu:12: GGML_ASSERT(a) failed"
+    assert normalise_reason(cuda) == "ggml aborted in phase compute: ggml-cuda/binbcast.cu:12: GGML_ASSERT(a) failed"
 
 
 def test_an_invalid_case_is_annotated_at_its_line_on_github_actions(pytester, default_build, monkeypatch):

@@ -256,8 +256,11 @@ def build_tool_args():
     return args
 
 
-def configure(ggml_root, options, work, log, progress=None, env=None):
+def configure(ggml_root, options, work, log, progress=None, env=None, through_link=False):
+    """through_link: ggml_root is the staging folder's SOURCE_LINK, compiled under relative paths."""
     cmd = ["cmake", "-S", str(native_dir()), "-B", str(work), f"-DGRADGATE_GGML_DIR={ggml_root}"]
+    if through_link:
+        cmd.append(f"-DGRADGATE_SOURCE_LINK={Path(ggml_root).name}")
     cmd += build_tool_args() + options.cmake_args()
     if "cuda" in options.backends:
         cmd += cuda_toolkit_args()
@@ -319,6 +322,35 @@ def cmake_error_summary(log_text):
     return "see the log"
 
 
+# ccache finds an object by its compile line, and CMake writes absolute paths into that line,
+# so two copies of one ggml (a patched copy beside the original, `gradgate verify`'s buggy and
+# fixed trees, a tree moved) shared no object: each copy compiled all of ggml again (56 s of
+# wall time, alone on 2 cores here: bench/bench_build.py).
+# The build reaches the tree through a link of this name in its staging folder instead, and
+# ccache, told that folder is its base_dir, rewrites the paths under it relative to the build
+# folder: every copy's compile lines read alike, and a copy that differs in one file compiles that
+# file alone. The compiler then sees relative paths, which the build maps back: ggml's abort lines
+# name ggml/src/... (native/CMakeLists.txt), a build error names the file in the user's tree.
+SOURCE_LINK = "ggml-source"
+
+
+def _shared_object_source(ggml_root, staging, env):
+    """The path to configure the build with, and env set for ccache to share objects between
+    copies of one tree (see SOURCE_LINK); the tree itself where ccache is not used or no link
+    can be made (a filesystem without symlinks: objects are then only shared per path)."""
+    if not shutil.which("ccache"):
+        return Path(ggml_root)
+    link = Path(staging).resolve() / SOURCE_LINK
+    try:
+        link.symlink_to(Path(ggml_root).resolve(), target_is_directory=True)
+    except OSError:
+        return Path(ggml_root)
+    env["CCACHE_BASEDIR"] = str(link.parent)
+    # cwd (the staging folder's own) goes into the hash of a -g compile unless told not to
+    env["CCACHE_NOHASHDIR"] = "1"
+    return link
+
+
 def _run_cmake(ggml_root, options, staging, progress):
     require_cmake()
     work = staging / "work"
@@ -326,15 +358,16 @@ def _run_cmake(ggml_root, options, staging, progress):
     started = time.time()
     env = dict(os.environ)
     jobs = str(os.cpu_count() or 2)
+    source = _shared_object_source(ggml_root, staging, env)
     with open(log_path, "wb") as log:
-        if configure(ggml_root, options, work, log, progress, env) != 0:
-            raise failed_build("configure", log_path, ggml_root)
+        if configure(source, options, work, log, progress, env, through_link=source != Path(ggml_root)) != 0:
+            raise failed_build("configure", log_path, ggml_root, source)
         cmd = ["cmake", "--build", str(work), "--target", "gradgate", "--parallel", jobs]
         if run_logged(cmd, log, progress, "building ggml", env) != 0:
-            raise failed_build("build", log_path, ggml_root)
+            raise failed_build("build", log_path, ggml_root, source)
     built = next((p for p in work.rglob(LIBRARY_NAME) if p.is_file()), None)
     if built is None:
-        raise failed_build("build (no library produced)", log_path, ggml_root)
+        raise failed_build("build (no library produced)", log_path, ggml_root, source)
     shutil.copy2(built, staging / LIBRARY_NAME)
     shutil.rmtree(work)  # objects stay in ccache; the entry keeps only what is loaded
     return {
@@ -358,14 +391,25 @@ def _free_bytes(path):
         return LOW_SPACE
 
 
-def failed_build(step, staging_log, ggml_root):
-    text = Path(staging_log).read_text(errors="replace")
+def in_users_tree(text, ggml_root, source):
+    """The build log's paths into `source` (the staging folder's link to the tree, absolute, or
+    relative to a build folder as ccache rewrote them) as paths into the user's tree, ggml_root."""
+    source = Path(source)
+    if source == Path(ggml_root):
+        return text
+    root = str(ggml_root).rstrip("/") + "/"
+    text = text.replace(str(source) + "/", root)
+    return re.sub(r"(?<![\w./-])(?:\.\./)+" + re.escape(source.name) + "/", lambda m: root, text)
+
+
+def failed_build(step, staging_log, ggml_root, source=None):
+    text = in_users_tree(Path(staging_log).read_text(errors="replace"), ggml_root, source or ggml_root)
     # keep the log outside the staging folder, which is removed on failure; on a full disk
     # that may fail too: the message still carries the log's tail
     kept = builds_dir() / "failed" / f"{int(time.time())}-{os.getpid()}.log"
     try:
         kept.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(staging_log, kept)
+        kept.write_text(text)
     except OSError:
         kept = None
     # a compiler's first error explains the rest, which the tail alone may not show
