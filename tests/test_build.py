@@ -131,7 +131,8 @@ def test_a_copy_of_ggml_that_differs_in_one_file_compiles_that_file_alone(defaul
     anchor = '#include "ggml.h"\n'
     text = ggml_c.read_text()
     assert anchor in text
-    ggml_c.write_text(text.replace(anchor, anchor + "int gradgate_patched_copy = 1;\n", 1))
+    # a value of this run's, so that the patched file is new to ccache however often this test ran
+    ggml_c.write_text(text.replace(anchor, anchor + f"long gradgate_patched_copy = {time.time_ns()}L;\n", 1))
     monkeypatch.setenv("GRADGATE_CACHE_DIR", str(tmp_path / "cache"))
     # at a path no build has used: what ccache holds of the default ggml is shared already, or
     # this build puts it there

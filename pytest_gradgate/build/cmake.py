@@ -340,7 +340,7 @@ def _shared_object_source(ggml_root, staging, env):
     can be made (a filesystem without symlinks: objects are then only shared per path)."""
     if not shutil.which("ccache"):
         return Path(ggml_root)
-    link = Path(staging).resolve() / SOURCE_LINK
+    link = Path(staging) / SOURCE_LINK
     try:
         link.symlink_to(Path(ggml_root).resolve(), target_is_directory=True)
     except OSError:
@@ -353,6 +353,9 @@ def _shared_object_source(ggml_root, staging, env):
 
 def _run_cmake(ggml_root, options, staging, progress):
     require_cmake()
+    # resolved, so that the build folder and the link to the tree (the compiles' cwd and their
+    # paths, which ccache relates: SOURCE_LINK) are spelled alike where the cache sits behind a link
+    staging = Path(staging).resolve()
     work = staging / "work"
     log_path = staging / "build.log"
     started = time.time()
