@@ -35,7 +35,7 @@ def shipped_baseline(pinned):
 
 # ggml's abort lines carry the path it was compiled from: absolute, ggml/src/... where the build
 # shares objects between copies of one tree (build/cmake.py, SOURCE_LINK), or ../ggml-source/src/...
-# for what it compiles without the C compilers' prefix map (CUDA); keep only the part inside the
+# from a compiler without the prefix map (build/native/CMakeLists.txt); keep only the part inside the
 # tree's src (ggml-cpu/ops.cpp:1841) so a recorded reason is the same everywhere
 _ABS_SOURCE_PATH = re.compile(r"(?<![\w./-])(?:(?:\.\./)+|/)?(?:[^\s:/]+/)*src/((?:[\w.-]+/)*[\w.-]+\.(?:c|cc|cpp|cu|h|m):\d+)")
 
