@@ -18,7 +18,6 @@
 import argparse
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 from pytest_gradgate.build.cache import cache_root
-from pytest_gradgate.build.source import default_ggml_root
+from pytest_gradgate.build.source import copy_tree, default_ggml_root
 
 PROBE = '''
 import time
@@ -72,9 +71,8 @@ def cold_build(root, ccache):
 def patched_copy(root):
     """(wall s, CPU s) of the patched copy's build, after the unpatched copy's (module doc)."""
     with tempfile.TemporaryDirectory(prefix="gradgate-bench-copy-") as work:
-        original, patched = Path(work) / "original" / "ggml", Path(work) / "patched" / "ggml"
-        for copy in (original, patched):
-            shutil.copytree(root, copy, ignore=shutil.ignore_patterns("tests", "examples", "docs"))
+        original = copy_tree(root, Path(work) / "original" / "ggml")
+        patched = copy_tree(root, Path(work) / "patched" / "ggml")
         ggml_c = patched / "src" / "ggml.c"
         anchor = '#include "ggml.h"\n'
         ggml_c.write_text(ggml_c.read_text().replace(anchor, anchor + "int gradgate_bench_patched_copy = 1;\n", 1))
