@@ -1,6 +1,6 @@
 """What the pytest layer costs on top of the engine, for the built-in suite.
 
-    python bench/bench_gate.py [--ggml-src DIR] [--repeat 3]
+    python bench/bench_gate.py [--ggml-src DIR] [--repeat 3] [--only one,jobs1,n2,floors]
 
 1. `pytest --gradgate` in one process, from an empty folder (cached build), as a user runs
    it: the cases run ahead of their items, one per CPU at once (gate/ahead.py). Its wall
@@ -15,8 +15,10 @@
    one before), against the sum of its durations and the Runner alone with one worker;
 3. `pytest --gradgate -n 2` against the Runner alone on the same cases with 2 workers
    (worker start-up included on both sides). Goal: at most 1.3x.
-Each of --repeat repetitions runs every pytest variant and then the Runner alone it is
-compared with; the figures are medians (and ranges) of each repetition's ratio. Every pytest figure includes the interpreter's start, collection
+Each pytest run is compared with the Runner alone run right before it and right after it
+(their mean; consecutive pytest runs share the one between them), so that a drift of the
+machine's speed cancels; the figures are medians (and ranges) of each repetition's ratio.
+--only picks the parts (one, jobs1, n2, floors): fewer parts, more repetitions in the same time. Every pytest figure includes the interpreter's start, collection
 of the YAML files and every report; that is what a user waits for. So that a reader can tell
 the gate's own cost from pytest's, the same pytest (same plugins, same environment) is also
 timed on an empty folder, in one process and with -n 2: a floor that neither the gate nor
@@ -102,11 +104,21 @@ def pytest_floor(extra):
         return wall, cpu
 
 
+PARTS = ("one", "jobs1", "n2", "floors")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="bench/bench_gate.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--ggml-src", metavar="DIR", help="ggml tree (default: the pinned default)")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--only", default=",".join(PARTS), metavar="PARTS",
+                   help=f"comma-separated, of {', '.join(PARTS)} (default: all): fewer parts, more repetitions "
+                        "in the same time")
     args = p.parse_args(argv)
+    parts = [x.strip() for x in args.only.split(",") if x.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        p.error(f"--only: {', '.join(unknown) or 'nothing'} is not one of {', '.join(PARTS)}")
     extra = [f"--gradgate-ggml-src={args.ggml_src}"] if args.ggml_src else []
     source = resolve_source(args.ggml_src)
     library = ensure_build(source.root, BuildOptions()).library
@@ -117,113 +129,149 @@ def main(argv=None):
     # the gate runs the baseline's known failures in a fresh child at once: so does the Runner alone
     known = bench_reference.known_failure_indexes(cases) if args.ggml_src is None else []
 
-    cpu_alone = {}
+    # Each pytest run is compared with the Runner alone run right before it and right after
+    # it (their mean), with as many workers: this machine's speed drifts (the same suite took
+    # 13 to 18 CPU seconds within minutes), and a Runner alone taken a run or two away moved
+    # a ratio by more than the gaps measured. Consecutive pytest runs share the run between them.
+    last_alone = {}
 
     def runner_alone(workers):
         r = bench_reference.run_ours(cases, library, workers, warm=smallest, fresh=known)[0]
-        cpu_alone.setdefault(workers, []).append(r["cpu_s"])
-        return r["startup_s"] + r["wall_s"]
-    # Every repetition runs each pytest variant, then the Runner alone that it is compared
-    # with, so that both sides of a ratio see the same machine: on this shared 2-core machine
-    # the Runner alone moved between 9.4 and 12.0 s (medians of 3) from one bench run to the
-    # next. The figures are medians over the repetitions of each repetition's ratio.
-    # With and without Hypothesis's plugin alternate the same way.
+        last_alone[workers] = (r["startup_s"] + r["wall_s"], r["cpu_s"])
+        return last_alone[workers]
+
+    def bracketed(workers, run):
+        """(run(), (wall, CPU s) of the Runner alone: the mean of the runs before and after)."""
+        before = last_alone.get(workers) or runner_alone(workers)
+        measured = run()
+        after = runner_alone(workers)
+        return measured, ((before[0] + after[0]) / 2, (before[1] + after[1]) / 2)
     variants = bench_reference.plugin_variants()
+    # each: [(pytest_run's tuple, the Runner alone's (wall, CPU s)), ...] per variant
     ahead, two, one = {v: [] for v in variants}, {v: [] for v in variants}, {v: [] for v in variants}
     floors = {v: ([], []) for v in variants}
     floor_cpu = {v: ([], []) for v in variants}
     # the same pytest with as many empty items of the same outcomes: one process, -n 2
     item_floors = {v: ([], []) for v in variants}
-    alone = {n: [] for n in sorted({1, 2, jobs})}
+    outcomes_seen = {}
     with tempfile.TemporaryDirectory(prefix="gradgate-bench-gate-") as folder, \
             tempfile.TemporaryDirectory(prefix="gradgate-bench-items-") as items_folder:
         pytest_run(folder, extra + ["-k", "dup and none and not get_rows"])   # warm caches
         for _ in range(args.repeat):
             for v in variants:
-                ahead[v].append(pytest_run(folder, extra + list(v)))
-            alone[jobs].append(runner_alone(jobs))
-            for v in variants:
-                one[v].append(pytest_run(folder, extra + ["--gradgate-jobs", "1"] + list(v)))
-            if 1 != jobs:
-                alone[1].append(runner_alone(1))
-            for v in variants:
-                two[v].append(pytest_run(folder, extra + ["-n", "2"] + list(v)))
-            if 2 != jobs:
-                alone[2].append(runner_alone(2))
-            for v in variants:
-                for k, floor in enumerate((pytest_floor(list(v)), pytest_floor(["-n", "2"] + list(v)))):
-                    floors[v][k].append(floor[0])
-                    floor_cpu[v][k].append(floor[1])
-                outcomes = ahead[v][-1][5]
-                for k, mode in enumerate(([], ["-n", "2"])):
-                    item_floors[v][k].append(items_floor(items_folder, outcomes, mode + list(v)))
+                if "one" in parts:
+                    ahead[v].append(bracketed(jobs, lambda: pytest_run(folder, extra + list(v))))
+                if "n2" in parts:
+                    two[v].append(bracketed(2, lambda: pytest_run(folder, extra + ["-n", "2"] + list(v))))
+                if "jobs1" in parts:
+                    one[v].append(bracketed(1, lambda: pytest_run(folder, extra + ["--gradgate-jobs", "1"] + list(v))))
+            if "floors" in parts:
+                for v in variants:
+                    for k, floor in enumerate((pytest_floor(list(v)), pytest_floor(["-n", "2"] + list(v)))):
+                        floors[v][k].append(floor[0])
+                        floor_cpu[v][k].append(floor[1])
+                    if v not in outcomes_seen:   # the gate's outcomes, from one full run
+                        runs = ahead[v] or two[v] or one[v]
+                        outcomes_seen[v] = runs[-1][0][5] if runs else pytest_run(folder, extra + list(v))[5]
+                    for k, mode in enumerate(([], ["-n", "2"])):
+                        item_floors[v][k].append(items_floor(items_folder, outcomes_seen[v], mode + list(v)))
 
     def med(values):
         return statistics.median(values)
 
-    def ratio(runs, k, against):
-        """Median and range of each repetition's runs[i][k] / against[i]."""
-        each = [r[k] / a for r, a in zip(runs, against)]
+    def ratio(runs, k):
+        """Median and range of each run's [k] over its Runner alone's (k 0: wall, 4: CPU s)."""
+        each = [r[k] / a[0 if k == 0 else 1] for r, a in runs]
         return bench_reference.spread(each), med(each)
 
-    def beyond(runs, floor, against):
-        each = [(r[0] - f) / a for r, f, a in zip(runs, floor, against)]
-        return f"{med(each):.2f}x"
-    print(f"ggml {source.version} from {source.label}; {ahead[()][0][2]} cases; {args.repeat} repetitions, "
-          f"medians and ranges over them; {jobs} CPUs; {bench_reference.install_description()}")
-    wall, durations = med(r[0] for r in ahead[()]), med(r[1] for r in ahead[()])
-    by_durations, h1 = ratio(ahead[()], 0, [r[1] for r in ahead[()]])
-    by_alone, h2 = ratio(ahead[()], 0, alone[jobs])
-    print(f"pytest --gradgate, one process, {jobs} cases at once: {wall:.1f} s wall; (a) against its cases' own "
-          f"durations ({durations:.1f} s): {by_durations} (goal: at most 1.3x; flattered by cases sharing the "
-          f"cores); (b) against the Runner alone, {jobs} workers, same cases ({med(alone[jobs]):.1f} s): "
-          f"{by_alone}; exit {ahead[()][0][3]}")
-    print(f"HEADLINE one process: {max(h1, h2):.2f}x")
+    def alone_of(runs, k=0):
+        return med(a[k] for _, a in runs)
+
+    def field(runs, k):
+        return med(r[k] for r, _ in runs)
+    any_runs = next((runs for runs in (ahead[()], two[()], one[()]) if runs), None)
+    n_cases = any_runs[0][0][2] if any_runs else sum(outcomes_seen[()].values())
+    print(f"ggml {source.version} from {source.label}; {n_cases} cases; {args.repeat} repetitions, "
+          f"medians and ranges over them; each pytest run against the mean of the Runner alone runs right "
+          f"before and after it; {jobs} CPUs; {bench_reference.install_description()}")
+    if ahead[()]:
+        runs = ahead[()]
+        by_durations, h1 = ratio([(r, (r[1], None)) for r, _ in runs], 0)
+        by_alone, h2 = ratio(runs, 0)
+        print(f"pytest --gradgate, one process, {jobs} cases at once: {field(runs, 0):.1f} s wall; (a) against its "
+              f"cases' own durations ({field(runs, 1):.1f} s): {by_durations} (goal: at most 1.3x; flattered by "
+              f"cases sharing the cores); (b) against the Runner alone, {jobs} workers, same cases "
+              f"({alone_of(runs):.1f} s): {by_alone}; exit {runs[0][0][3]}")
+        print(f"HEADLINE one process: {max(h1, h2):.2f}x")
+
     def jobs_one(v):
         runs = one[v]
-        return (f"{med(r[0] for r in runs):.1f} s wall; against its cases' durations ({med(r[1] for r in runs):.1f} s): "
-                f"{ratio(runs, 0, [r[1] for r in runs])[0]} (goal: at most 1.3x); against the Runner alone, "
-                f"1 worker ({med(alone[1]):.1f} s): {ratio(runs, 0, alone[1])[0]}")
-    print(f"pytest --gradgate --gradgate-jobs 1: {jobs_one(())}")
-    print(f"pytest --gradgate -n 2: {med(r[0] for r in two[()]):.1f} s wall; against the Runner alone, 2 workers, "
-          f"same cases ({med(alone[2]):.1f} s): {ratio(two[()], 0, alone[2])[0]} (goal: at most 1.3x)")
-    f1, f2 = floors[()]
-    print(f"pytest's floor here (same pytest and plugins, empty folder): {med(f1):.1f} s in one process, "
-          f"{med(f2):.1f} s with -n 2; beyond it, against the Runner alone: one process "
-          f"{beyond(ahead[()], f1, alone[jobs])}, --gradgate-jobs 1 {beyond(one[()], f1, alone[1])}, "
-          f"-n 2 {beyond(two[()], f2, alone[2])}")
+        return (f"{field(runs, 0):.1f} s wall; against its cases' durations ({field(runs, 1):.1f} s): "
+                f"{ratio([(r, (r[1], None)) for r, _ in runs], 0)[0]} (goal: at most 1.3x); against the Runner "
+                f"alone, 1 worker ({alone_of(runs):.1f} s): {ratio(runs, 0)[0]}")
+    if one[()]:
+        print(f"pytest --gradgate --gradgate-jobs 1: {jobs_one(())}")
+    if two[()]:
+        print(f"pytest --gradgate -n 2: {field(two[()], 0):.1f} s wall; against the Runner alone, 2 workers, "
+              f"same cases ({alone_of(two[()]):.1f} s): {ratio(two[()], 0)[0]} (goal: at most 1.3x)")
+        print(f"HEADLINE -n 2: {ratio(two[()], 0)[1]:.2f}x")
+    if "floors" in parts:
+        f1, f2 = floors[()]
+
+        def beyond(runs, floor):
+            each = [(r[0] - f) / a[0] for (r, a), f in zip(runs, floor)]
+            return f"{med(each):.2f}x" if each else "not run"
+        print(f"pytest's floor here (same pytest and plugins, empty folder): {med(f1):.1f} s in one process, "
+              f"{med(f2):.1f} s with -n 2; beyond it, against the Runner alone: one process "
+              f"{beyond(ahead[()], f1)}, --gradgate-jobs 1 {beyond(one[()], f1)}, -n 2 {beyond(two[()], f2)}")
     # CPU seconds: what every process of a run did, whatever else the machine was doing. On a
     # shared machine they move far less than wall time; with the cores saturated (the Runner
     # alone keeps both busy) wall time follows them
     for v in variants:
         label = "as installed" if v == () else " ".join(v)
-        one_cpu, two_cpu = ratio(ahead[v], 4, cpu_alone[jobs]), ratio(two[v], 4, cpu_alone[2])
-        print(f"CPU seconds of every process ({label}): one process {med(r[4] for r in ahead[v]):.1f} s, "
-              f"{one_cpu[0]} the Runner alone's ({med(cpu_alone[jobs]):.1f} s, its process start included); "
-              f"-n 2 {med(r[4] for r in two[v]):.1f} s, {two_cpu[0]} the Runner alone's with 2 workers "
-              f"({med(cpu_alone[2]):.1f} s); pytest's floor {med(floor_cpu[v][0]):.1f} s / "
-              f"{med(floor_cpu[v][1]):.1f} s")
+        shown = []
+        if ahead[v]:
+            shown.append(f"one process {field(ahead[v], 4):.1f} s, {ratio(ahead[v], 4)[0]} the Runner alone's "
+                         f"({alone_of(ahead[v], 1):.1f} s, its process start included)")
+        if two[v]:
+            shown.append(f"-n 2 {field(two[v], 4):.1f} s, {ratio(two[v], 4)[0]} the Runner alone's with 2 workers "
+                         f"({alone_of(two[v], 1):.1f} s)")
+        if "floors" in parts:
+            shown.append(f"pytest's floor {med(floor_cpu[v][0]):.1f} s / {med(floor_cpu[v][1]):.1f} s")
+        if shown:
+            print(f"CPU seconds of every process ({label}): " + "; ".join(shown))
     # pytest's cost per item, measured on empty items: of what a gate run costs over the
     # Runner alone, the part that is pytest's whatever a plugin does, and the rest
-    for v in variants:
-        label = "as installed" if v == () else " ".join(v)
-        (w1, w2), outcomes = item_floors[v], ahead[v][0][5]
-        shown = ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items()))
-        cpu1, cpu2 = med(f[1] for f in w1), med(f[1] for f in w2)
-        over1 = med(r[4] for r in ahead[v]) - med(cpu_alone[jobs])
-        over2 = med(r[4] for r in two[v]) - med(cpu_alone[2])
-        print(f"pytest's floor with {sum(outcomes.values())} empty items of the gate's outcomes ({shown}; {label}): "
-              f"one process {med(f[0] for f in w1):.1f} s wall, {cpu1:.1f} CPU s; -n 2 {med(f[0] for f in w2):.1f} s "
-              f"wall, {cpu2:.1f} CPU s. The gate's CPU over the Runner alone's: one process {over1:.1f} s "
-              f"({over1 - cpu1:+.1f} s beyond the empty items'), -n 2 {over2:.1f} s ({over2 - cpu2:+.1f} s beyond)")
+    if "floors" in parts:
+        for v in variants:
+            label = "as installed" if v == () else " ".join(v)
+            (w1, w2), outcomes = item_floors[v], outcomes_seen[v]
+            shown = ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items()))
+            cpu1, cpu2 = med(f[1] for f in w1), med(f[1] for f in w2)
+            over = []
+            if ahead[v]:
+                over1 = field(ahead[v], 4) - alone_of(ahead[v], 1)
+                over.append(f"one process {over1:.1f} s ({over1 - cpu1:+.1f} s beyond the empty items')")
+            if two[v]:
+                over2 = field(two[v], 4) - alone_of(two[v], 1)
+                over.append(f"-n 2 {over2:.1f} s ({over2 - cpu2:+.1f} s beyond)")
+            print(f"pytest's floor with {sum(outcomes.values())} empty items of the gate's outcomes ({shown}; {label}): "
+                  f"one process {med(f[0] for f in w1):.1f} s wall, {cpu1:.1f} CPU s; -n 2 {med(f[0] for f in w2):.1f} s "
+                  f"wall, {cpu2:.1f} CPU s." + (f" The gate's CPU over the Runner alone's: {', '.join(over)}" if over else ""))
     blocked = bench_reference.NO_HYPOTHESIS
     if blocked in ahead:
-        g1, g2 = floors[blocked]
-        print(f"default install (Hypothesis's plugin blocked, {' '.join(blocked)}; Hypothesis is only the explore "
-              f"extra): one process {med(r[0] for r in ahead[blocked]):.1f} s: "
-              f"{ratio(ahead[blocked], 0, alone[jobs])[0]} the Runner alone; -n 2 "
-              f"{med(r[0] for r in two[blocked]):.1f} s: {ratio(two[blocked], 0, alone[2])[0]}; pytest's floor "
-              f"{med(g1):.1f} s / {med(g2):.1f} s; --gradgate-jobs 1: {jobs_one(blocked)}")
+        shown = []
+        if ahead[blocked]:
+            shown.append(f"one process {field(ahead[blocked], 0):.1f} s: {ratio(ahead[blocked], 0)[0]} the Runner alone")
+        if two[blocked]:
+            shown.append(f"-n 2 {field(two[blocked], 0):.1f} s: {ratio(two[blocked], 0)[0]}")
+        if "floors" in parts:
+            g1, g2 = floors[blocked]
+            shown.append(f"pytest's floor {med(g1):.1f} s / {med(g2):.1f} s")
+        if one[blocked]:
+            shown.append(f"--gradgate-jobs 1: {jobs_one(blocked)}")
+        print(f"default install (Hypothesis's pytest plugin blocked, {' '.join(blocked)}; Hypothesis is only the "
+              f"explore extra): " + "; ".join(shown))
     else:
         print("Hypothesis's pytest plugin is not installed here: the figures above are a default install's")
     return 0
