@@ -18,7 +18,8 @@
 Each pytest run is compared with the Runner alone run right before it and right after it
 (their mean; consecutive pytest runs share the one between them), so that a drift of the
 machine's speed cancels; the figures are medians (and ranges) of each repetition's ratio.
---only picks the parts (one, jobs1, n2, floors): fewer parts, more repetitions in the same time. Every pytest figure includes the interpreter's start, collection
+--only picks the parts (one, jobs1, n2, floors): fewer parts, more repetitions in the same
+time. Every pytest figure includes the interpreter's start, collection
 of the YAML files and every report; that is what a user waits for. So that a reader can tell
 the gate's own cost from pytest's, the same pytest (same plugins, same environment) is also
 timed on an empty folder, in one process and with -n 2: a floor that neither the gate nor
@@ -184,6 +185,10 @@ def main(argv=None):
         each = [r[k] / a[0 if k == 0 else 1] for r, a in runs]
         return bench_reference.spread(each), med(each)
 
+    def against_durations(runs):
+        """ratio() of each run's wall time over the sum of its own cases' durations."""
+        return ratio([(r, (r[1], None)) for r, _ in runs], 0)
+
     def alone_of(runs, k=0):
         return med(a[k] for _, a in runs)
 
@@ -196,7 +201,7 @@ def main(argv=None):
           f"before and after it; {jobs} CPUs; {bench_reference.install_description()}")
     if ahead[()]:
         runs = ahead[()]
-        by_durations, h1 = ratio([(r, (r[1], None)) for r, _ in runs], 0)
+        by_durations, h1 = against_durations(runs)
         by_alone, h2 = ratio(runs, 0)
         print(f"pytest --gradgate, one process, {jobs} cases at once: {field(runs, 0):.1f} s wall; (a) against its "
               f"cases' own durations ({field(runs, 1):.1f} s): {by_durations} (goal: at most 1.3x; flattered by "
@@ -207,7 +212,7 @@ def main(argv=None):
     def jobs_one(v):
         runs = one[v]
         return (f"{field(runs, 0):.1f} s wall; against its cases' durations ({field(runs, 1):.1f} s): "
-                f"{ratio([(r, (r[1], None)) for r, _ in runs], 0)[0]} (goal: at most 1.3x); against the Runner "
+                f"{against_durations(runs)[0]} (goal: at most 1.3x); against the Runner "
                 f"alone, 1 worker ({alone_of(runs):.1f} s): {ratio(runs, 0)[0]}")
     if one[()]:
         print(f"pytest --gradgate --gradgate-jobs 1: {jobs_one(())}")
