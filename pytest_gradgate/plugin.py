@@ -205,9 +205,13 @@ def pytest_runtest_makereport(item, call):
         if data["baseline"] == "stale":
             data["message"] = getattr(item, "gradgate_stale_text", data["message"])
         report.gradgate_result = data
-        facts = state_of(item.config).build_facts
-        if facts is not None:
+        state = state_of(item.config)
+        facts = state.build_facts
+        if facts is not None and facts is not state.build_facts_sent:
+            # once per process and whenever they change: under pytest-xdist every field of
+            # every report is a string that execnet serializes, and the controller needs them once
             report.gradgate_build = facts
+            state.build_facts_sent = facts
     return report
 
 
@@ -239,8 +243,9 @@ class ResultCollector:
         result = getattr(report, "gradgate_result", None)
         if result is not None:
             self.state.results.append(result)
-        if self.state.build_facts is None and getattr(report, "gradgate_build", None):
-            self.state.build_facts = report.gradgate_build
+        facts = getattr(report, "gradgate_build", None)
+        if facts:       # a worker's first report, or its facts changed (e.g. the version learned late)
+            self.state.build_facts = facts
         invalid = getattr(report, "gradgate_invalid", None)
         if invalid is not None:
             self.state.invalid_cases.append(invalid)

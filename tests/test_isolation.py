@@ -216,6 +216,8 @@ def test_under_xdist_results_reach_the_controller(pytester, default_ggml):
     # node ids: two files may hold cases of the same name
     result.stdout.fnmatch_lines(["*gradgate failures*",
                                  "gradgate_other.yaml::reglu_no_backward*no backward for REGLU in this ggml*"])
+    # the build's facts ride on each worker's first result only, and still reach the summary
+    result.stdout.fnmatch_lines(["gradgate: ggml 0.15.3 from *", "gradgate: Release build for cpu *"])
 
 
 def test_library_that_cannot_load_stops_the_run_with_one_message(pytester, default_ggml, default_build,
