@@ -244,7 +244,7 @@ class ResultCollector:
         if result is not None:
             self.state.results.append(result)
         facts = getattr(report, "gradgate_build", None)
-        if facts:       # a worker's first report, or its facts changed (e.g. the version learned late)
+        if facts:       # each process's first report carries them (plugin: pytest_runtest_makereport)
             self.state.build_facts = facts
         invalid = getattr(report, "gradgate_invalid", None)
         if invalid is not None:

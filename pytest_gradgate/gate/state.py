@@ -36,7 +36,7 @@ class GateState:
         self.build = None
         self.build_error = None         # a GradgateError from the build: every later case reports it
         self.build_facts = None         # what the reports say of the build (ours, or an xdist worker's)
-        self.build_facts_sent = None    # the facts the last report carried (plugin.py)
+        self.build_facts_sent = None    # the facts a report of this process last carried (plugin.py)
         self._runner = None
         self._early_thread = None       # start_early: the first worker, started while pytest collects
         self._early = None              # ... and what it made: (build, runner, ggml version)
