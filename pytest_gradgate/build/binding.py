@@ -4,22 +4,25 @@ ABI mode (dlopen, no compiler at import time): the declarations are header-like 
 build/cdefs/*.h for the ggml functions we call and build/native/gradgate.h for the
 shim. The shim reports an ABI revision, so a library built from another revision of
 gradgate.h is refused with a message instead of being called with wrong signatures.
+The parsed declarations are kept between processes (build/declarations.py).
 """
 
-from pathlib import Path
-
-import cffi
-
-from pytest_gradgate.build.cmake import native_dir
+from pytest_gradgate.build.declarations import ffi_for
+from pytest_gradgate.build.shipped import CDEFS_DIR, native_dir
 from pytest_gradgate.errors import GradgateError
 
 EXPECTED_ABI = 3
 _CDEF_FILES = ("ggml_types.h", "ggml_ops.h")
 
-ffi = cffi.FFI()
-for _name in _CDEF_FILES:
-    ffi.cdef((Path(__file__).parent / "cdefs" / _name).read_text())
-ffi.cdef((native_dir() / "gradgate.h").read_text())
+
+def declarations():
+    """The C declarations cffi is given: ours of ggml's, then the shim's header."""
+    parts = [(CDEFS_DIR / name).read_text() for name in _CDEF_FILES]
+    parts.append((native_dir() / "gradgate.h").read_text())
+    return "\n".join(parts)
+
+
+ffi = ffi_for(declarations())
 
 _loaded = {}
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pytest_gradgate.build.cache import cache_root, make_entry
 from pytest_gradgate.build.options import BuildOptions
+from pytest_gradgate.build.shipped import NATIVE_FILES, native_dir
 from pytest_gradgate.errors import BuildError
 from pytest_gradgate.build.source import read_ggml_version
 
@@ -26,19 +27,6 @@ LIBRARY_NAME = {"darwin": "libgradgate.dylib", "win32": "gradgate.dll"}.get(sys.
 BUILD_INFO = "build-info.json"
 # what of a ggml tree goes into the library; tests/, examples/, docs/ do not
 GGML_BUILD_INPUTS = ("CMakeLists.txt", "cmake", "include", "src", "ggml.pc.in")
-
-
-NATIVE_DIR = Path(__file__).resolve().parent / "native"   # package data: CMakeLists.txt, the shim
-NATIVE_FILES = ("CMakeLists.txt", "gradgate.h", "gradgate_shim.c")
-
-
-def native_dir():
-    """The shim's sources, shipped inside the package (a wheel has them too)."""
-    missing = [n for n in NATIVE_FILES if not (NATIVE_DIR / n).is_file()]
-    if missing:
-        raise BuildError(f"this installation of pytest-gradgate lacks {', '.join(missing)} in {NATIVE_DIR}; "
-                         "reinstall it (pip install --force-reinstall pytest-gradgate)")
-    return NATIVE_DIR
 
 
 @dataclass
