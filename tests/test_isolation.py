@@ -10,10 +10,16 @@ How these tests were seen to fail with the bug put back:
   gdb's backtrace, failing test_no_backward_reported_and_no_backtrace_by_default;
 - the worker's Worker() env forcing GGML_NO_BACKTRACE=1 (as it once did): the
   --gradgate-backtrace run shows no backtrace, failing the same test;
-- the crash cap removed: every case of the broken-build run fails with the same message.
+- the crash cap removed: every case of the broken-build run fails with the same message;
+- the worker's stderr in a named file removed at close() (as it once was): a killed
+  parent leaves it in the temporary folder, failing test_a_killed_parent_leaves_no_worker_log.
 """
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -350,3 +356,21 @@ def test_a_crashing_case_dumps_no_core_where_the_user_allows_core_dumps(default_
         assert [p.name for p in gate.iterdir()], "--gradgate-backtrace: the user's core dump limit was not kept"
     else:
         assert list(gate.iterdir()) == []
+
+
+# start a worker, then die the way a killed pytest dies: no close(), no atexit
+KILLED_PARENT = """
+import os, signal, sys
+from pytest_gradgate.isolation.parent import Runner
+runner = Runner(sys.argv[1])
+assert runner.ggml_version(), "the worker did not start"
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_parent_leaves_no_worker_log(default_build, tmp_path):
+    # the worker's stderr file is read through its descriptor only: it has no name to leave behind
+    run = subprocess.run([sys.executable, "-c", KILLED_PARENT, str(default_build.library)],
+                         env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=120)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("gradgate-worker-")]

@@ -73,7 +73,9 @@ class Worker:
     def __init__(self, library, backtrace=False, spawned=None):
         """spawned(proc): called as soon as the process exists, before it is up, so that
         it can be killed while it starts (Runner.cancel)."""
-        self.stderr_file = tempfile.NamedTemporaryFile(prefix="gradgate-worker-", suffix=".log", delete=False)
+        # a file without a name (POSIX; on Windows one deleted when closed): read through its
+        # descriptor only, it leaves nothing behind when this process is killed before close()
+        self.stderr_file = tempfile.TemporaryFile(prefix="gradgate-worker-", suffix=".log")
         env = dict(os.environ)
         env["GRADGATE_PARENT_PID"] = str(os.getpid())   # the worker dies with us (worker.py _bind_to_parent)
         if backtrace:
@@ -200,10 +202,6 @@ class Worker:
             except OSError:
                 pass
         self.stderr_file.close()
-        try:
-            os.unlink(self.stderr_file.name)
-        except OSError:
-            pass
 
 
 class Runner:
