@@ -170,6 +170,17 @@ def pytest_make_collect_report(collector):
     return None
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    # the xdist controller's: deal the gate's items so that its long cases go to different
+    # workers (gate/xdist_schedule.py); None leaves the choice to xdist
+    state = config.stash.get(STATE, None)
+    if state is None or not state.enabled:
+        return None
+    from pytest_gradgate.gate import xdist_schedule
+    return xdist_schedule.make(config, log)
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     # an xdist worker knows only its next item: the one whose case it may start early (gate/ahead.py)

@@ -155,6 +155,46 @@ def test_long_cases_run_first_and_the_rest_as_collected(pytester):
     spread.assert_outcomes(passed=5)
 
 
+def ran_on(result):
+    """{node id: the xdist worker that ran it}, from `-v` lines under -n ("[gw0] [ 20%] PASSED id")."""
+    return dict((i, w) for w, i in re.findall(r"^\[(gw\d+)\] \[\s*\d+%\] \w+ (\S+)\s*$", result.stdout.str(), re.M))
+
+
+def test_under_xdist_the_long_cases_go_to_different_workers(pytester):
+    """Before: xdist sent each worker a first chunk of consecutive items, so the long cases,
+    run first, all went to one worker, which ran them one after the other (the built-in
+    suite's five: 9-10 s under -n 2, the whole run under -n 16). Now items are dealt in turn
+    (gate/xdist_schedule.py), unless the user chose how (--maxschedchunk)."""
+    pytester.makefile(".yaml", gradgate_mine=LONG_LAST)
+    args = ["--gradgate", "--gradgate-no-builtin", "--gradgate-cases", "gradgate_mine.yaml", "-p", "no:cacheprovider",
+            "-n", "2", "-v"]
+    long_ids = ["gradgate_mine.yaml::long_sqr[none-sqr-cpu]", "gradgate_mine.yaml::long_sqr[transpose-sqr-cpu]"]
+    dealt = pytester.runpytest_subprocess(*args)
+    assert dealt.ret == 0, dealt.stdout.str()
+    workers = ran_on(dealt)
+    assert len(workers) == 5 and workers[long_ids[0]] != workers[long_ids[1]], dealt.stdout.str()
+    dealt.stdout.fnmatch_lines(["scheduling tests via DealtScheduling"])
+    chosen = pytester.runpytest_subprocess(*args, "--maxschedchunk", "2")
+    assert chosen.ret == 0, chosen.stdout.str()
+    chosen.stdout.fnmatch_lines(["scheduling tests via LoadScheduling"])
+
+
+def test_under_xdist_a_session_with_python_tests_keeps_xdists_chunks(pytester):
+    """A module's tests stay together on one worker with xdist's own chunks (its module-scoped
+    fixtures are set up once): with a Python test in the session, items are not dealt, and
+    the first two (the long cases) go to one worker, as xdist sends consecutive items."""
+    pytester.makefile(".yaml", gradgate_mine=LONG_LAST)
+    pytester.makepyfile(test_zzz="def test_plain():\n    pass\n")
+    result = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "--gradgate-cases",
+                                           "gradgate_mine.yaml", "-p", "no:cacheprovider", "-n", "2", "-v",
+                                           "gradgate_mine.yaml", "test_zzz.py")
+    assert result.ret == 0, result.stdout.str()
+    workers = ran_on(result)
+    assert len(workers) == 6, result.stdout.str()
+    assert workers["gradgate_mine.yaml::long_sqr[none-sqr-cpu]"] == workers[
+        "gradgate_mine.yaml::long_sqr[transpose-sqr-cpu]"], result.stdout.str()
+
+
 def test_long_first_moves_only_the_long_cases_and_leaves_other_items_in_place():
     small = [Case(name=f"s{k}", graph="neg(a)", params={"a": [4, 3]}) for k in range(3)]
     long_ = Case(name="long", graph="sqr(a)", params={"a": [1024, 1024]}, mode="fast")

@@ -7,6 +7,8 @@ idle. The built-in suite's longest cases (fast-mode ones, at 0.2-2 s each agains
 scheduling hands out the last items in small contiguous chunks, so two of them could land
 on one worker: the other core then idled for seconds, in some runs and not in others. Run
 first, they are over while xdist still has short cases to hand to whichever worker is free.
+xdist's own first chunk would then hold them all, so under xdist the gate deals its items to
+the workers in turn (gate/xdist_schedule.py).
 
 The order must be the same in every xdist worker (xdist refuses workers that collected
 different orders), so it is computed from the cases alone, not from timings of earlier runs.
