@@ -1,6 +1,6 @@
 """What the pytest layer costs on top of the engine, for the built-in suite.
 
-    python bench/bench_gate.py [--ggml-src DIR] [--repeat 3] [--only one,jobs1,n2,floors]
+    python bench/bench_gate.py [--ggml-src DIR] [--repeat 3] [--only one,jobs1,n2,floors] [--xdist 2]
 
 1. `pytest --gradgate` in one process, from an empty folder (cached build), as a user runs
    it: the cases run ahead of their items, one per CPU at once (gate/ahead.py). Its wall
@@ -15,6 +15,8 @@
    one before), against the sum of its durations and the Runner alone with one worker;
 3. `pytest --gradgate -n 2` against the Runner alone on the same cases with 2 workers
    (worker start-up included on both sides). Goal: at most 1.3x.
+   --xdist N runs it with -n N against N workers: with more workers than cores (-n 4 here)
+   it shows how the gate's items are spread over xdist's workers (gate/xdist_schedule.py).
 Each pytest run is compared with the Runner alone run right before it and right after it
 (their mean; consecutive pytest runs share the one between them), so that a drift of the
 machine's speed cancels; the figures are medians (and ranges) of each repetition's ratio.
@@ -115,7 +117,11 @@ def main(argv=None):
     p.add_argument("--only", default=",".join(PARTS), metavar="PARTS",
                    help=f"comma-separated, of {', '.join(PARTS)} (default: all): fewer parts, more repetitions "
                         "in the same time")
+    p.add_argument("--xdist", type=int, default=2, metavar="N",
+                   help="the n2 part runs -n N against the Runner alone with N workers (default 2); more "
+                        "workers than cores shows how the items are spread over xdist's workers")
     args = p.parse_args(argv)
+    n = args.xdist
     parts = [x.strip() for x in args.only.split(",") if x.strip()]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown or not parts:
@@ -152,7 +158,7 @@ def main(argv=None):
     ahead, two, one = {v: [] for v in variants}, {v: [] for v in variants}, {v: [] for v in variants}
     floors = {v: ([], []) for v in variants}
     floor_cpu = {v: ([], []) for v in variants}
-    # the same pytest with as many empty items of the same outcomes: one process, -n 2
+    # the same pytest with as many empty items of the same outcomes: one process, -n N
     item_floors = {v: ([], []) for v in variants}
     outcomes_seen = {}
     with tempfile.TemporaryDirectory(prefix="gradgate-bench-gate-") as folder, \
@@ -163,18 +169,18 @@ def main(argv=None):
                 if "one" in parts:
                     ahead[v].append(bracketed(jobs, lambda: pytest_run(folder, extra + list(v))))
                 if "n2" in parts:
-                    two[v].append(bracketed(2, lambda: pytest_run(folder, extra + ["-n", "2"] + list(v))))
+                    two[v].append(bracketed(n, lambda: pytest_run(folder, extra + ["-n", str(n)] + list(v))))
                 if "jobs1" in parts:
                     one[v].append(bracketed(1, lambda: pytest_run(folder, extra + ["--gradgate-jobs", "1"] + list(v))))
             if "floors" in parts:
                 for v in variants:
-                    for k, floor in enumerate((pytest_floor(list(v)), pytest_floor(["-n", "2"] + list(v)))):
+                    for k, floor in enumerate((pytest_floor(list(v)), pytest_floor(["-n", str(n)] + list(v)))):
                         floors[v][k].append(floor[0])
                         floor_cpu[v][k].append(floor[1])
                     if v not in outcomes_seen:   # the gate's outcomes, from one full run
                         runs = ahead[v] or two[v] or one[v]
                         outcomes_seen[v] = runs[-1][0][5] if runs else pytest_run(folder, extra + list(v))[5]
-                    for k, mode in enumerate(([], ["-n", "2"])):
+                    for k, mode in enumerate(([], ["-n", str(n)])):
                         item_floors[v][k].append(items_floor(items_folder, outcomes_seen[v], mode + list(v)))
 
     def med(values):
@@ -217,9 +223,9 @@ def main(argv=None):
     if one[()]:
         print(f"pytest --gradgate --gradgate-jobs 1: {jobs_one(())}")
     if two[()]:
-        print(f"pytest --gradgate -n 2: {field(two[()], 0):.1f} s wall; against the Runner alone, 2 workers, "
+        print(f"pytest --gradgate -n {n}: {field(two[()], 0):.1f} s wall; against the Runner alone, {n} workers, "
               f"same cases ({alone_of(two[()]):.1f} s): {ratio(two[()], 0)[0]} (goal: at most 1.3x)")
-        print(f"HEADLINE -n 2: {ratio(two[()], 0)[1]:.2f}x")
+        print(f"HEADLINE -n {n}: {ratio(two[()], 0)[1]:.2f}x")
     if "floors" in parts:
         f1, f2 = floors[()]
 
@@ -227,8 +233,8 @@ def main(argv=None):
             each = [(r[0] - f) / a[0] for (r, a), f in zip(runs, floor)]
             return f"{med(each):.2f}x" if each else "not run"
         print(f"pytest's floor here (same pytest and plugins, empty folder): {med(f1):.1f} s in one process, "
-              f"{med(f2):.1f} s with -n 2; beyond it, against the Runner alone: one process "
-              f"{beyond(ahead[()], f1)}, --gradgate-jobs 1 {beyond(one[()], f1)}, -n 2 {beyond(two[()], f2)}")
+              f"{med(f2):.1f} s with -n {n}; beyond it, against the Runner alone: one process "
+              f"{beyond(ahead[()], f1)}, --gradgate-jobs 1 {beyond(one[()], f1)}, -n {n} {beyond(two[()], f2)}")
     # CPU seconds: what every process of a run did, whatever else the machine was doing. On a
     # shared machine they move far less than wall time; with the cores saturated (the Runner
     # alone keeps both busy) wall time follows them
@@ -239,7 +245,7 @@ def main(argv=None):
             shown.append(f"one process {field(ahead[v], 4):.1f} s, {ratio(ahead[v], 4)[0]} the Runner alone's "
                          f"({alone_of(ahead[v], 1):.1f} s, its process start included)")
         if two[v]:
-            shown.append(f"-n 2 {field(two[v], 4):.1f} s, {ratio(two[v], 4)[0]} the Runner alone's with 2 workers "
+            shown.append(f"-n {n} {field(two[v], 4):.1f} s, {ratio(two[v], 4)[0]} the Runner alone's with {n} workers "
                          f"({alone_of(two[v], 1):.1f} s)")
         if "floors" in parts:
             shown.append(f"pytest's floor {med(floor_cpu[v][0]):.1f} s / {med(floor_cpu[v][1]):.1f} s")
@@ -259,9 +265,9 @@ def main(argv=None):
                 over.append(f"one process {over1:.1f} s ({over1 - cpu1:+.1f} s beyond the empty items')")
             if two[v]:
                 over2 = field(two[v], 4) - alone_of(two[v], 1)
-                over.append(f"-n 2 {over2:.1f} s ({over2 - cpu2:+.1f} s beyond)")
+                over.append(f"-n {n} {over2:.1f} s ({over2 - cpu2:+.1f} s beyond)")
             print(f"pytest's floor with {sum(outcomes.values())} empty items of the gate's outcomes ({shown}; {label}): "
-                  f"one process {med(f[0] for f in w1):.1f} s wall, {cpu1:.1f} CPU s; -n 2 {med(f[0] for f in w2):.1f} s "
+                  f"one process {med(f[0] for f in w1):.1f} s wall, {cpu1:.1f} CPU s; -n {n} {med(f[0] for f in w2):.1f} s "
                   f"wall, {cpu2:.1f} CPU s." + (f" The gate's CPU over the Runner alone's: {', '.join(over)}" if over else ""))
     blocked = bench_reference.NO_HYPOTHESIS
     if blocked in ahead:
@@ -269,7 +275,7 @@ def main(argv=None):
         if ahead[blocked]:
             shown.append(f"one process {field(ahead[blocked], 0):.1f} s: {ratio(ahead[blocked], 0)[0]} the Runner alone")
         if two[blocked]:
-            shown.append(f"-n 2 {field(two[blocked], 0):.1f} s: {ratio(two[blocked], 0)[0]}")
+            shown.append(f"-n {n} {field(two[blocked], 0):.1f} s: {ratio(two[blocked], 0)[0]}")
         if "floors" in parts:
             g1, g2 = floors[blocked]
             shown.append(f"pytest's floor {med(g1):.1f} s / {med(g2):.1f} s")
