@@ -2,9 +2,12 @@
 with GGML_CUDA=ON using this machine's nvcc, and fast, clear failures where no GPU is
 visible (the CPU path unaffected). Compiling and running CUDA needs a GPU machine."""
 
+import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,9 +17,11 @@ no_gpu = pytest.mark.skipif(gpu_visible(), reason="a GPU is visible here; these 
 CUDA_90 = BuildOptions(backends=("cpu", "cuda"), cuda_arch="90")
 
 
-def gradgate_build(*args):
+def gradgate_build(*args, tmp=None):
+    """tmp: the temporary folder it works in (a failed configure keeps its log there)."""
+    env = None if tmp is None else {**os.environ, "TMPDIR": str(tmp)}
     return subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "build", *args], text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600, env=env)
 
 
 def test_cuda_options_reach_cmake_and_the_cache_key(default_ggml):
@@ -27,16 +32,19 @@ def test_cuda_options_reach_cmake_and_the_cache_key(default_ggml):
     assert len(keys) == 3
 
 
-def test_configure_only_cuda_with_this_machines_nvcc(default_ggml):
+def test_configure_only_cuda_with_this_machines_nvcc(default_ggml, tmp_path):
     """`gradgate build --configure-only --backend cuda --cuda-arch 90` configures ggml with
     GGML_CUDA=ON. Where CMake cannot find (all of) CUDA here it skips with CMake's reason,
     as one line (e.g. a toolkit that has nvcc but no cuBLAS: pip install nvidia-cublas)."""
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH: no CUDA toolkit to configure with")
-    proc = gradgate_build("--configure-only", "--backend", "cuda", "--cuda-arch", "90")
+    proc = gradgate_build("--configure-only", "--backend", "cuda", "--cuda-arch", "90", tmp=tmp_path)
     if proc.returncode != 0:
         first = next(line for line in proc.stderr.splitlines() if line.startswith("gradgate build: error: "))
         assert "CMake configure of ggml" in first, proc.stderr
+        # the log it keeps is the one it names (in this test's folder, not the machine's /tmp)
+        log = re.search(r"\(full log: (.+)\)", proc.stderr)
+        assert log and Path(log.group(1)).is_file() and tmp_path in Path(log.group(1)).parents, proc.stderr
         if "CMake did not find" in first:
             pytest.skip(first.split("failed: ", 1)[1])
         pytest.fail(proc.stderr)
