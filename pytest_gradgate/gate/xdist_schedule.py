@@ -4,8 +4,9 @@ xdist's load scheduling first sends each worker a chunk of consecutive items, a 
 its share: 75 of the built-in suite's 604 under -n 2, 9 under -n 16. The gate runs its long
 cases first (gate/order.py), so that first chunk held all five of them, and one worker ran
 them one after the other (9-10 s on two cores) while the others ran everything else. Under
--n 2 that worker finished last, alone on a core for the last 0.5-1 s; under -n 16 it would
-be the whole run, the others done in a second.
+-n 2 that worker finished last, alone on a core for the last 0.6-0.9 s; under -n 4 on two
+cores, 4.3 s after the other three. Under -n 16 it would be the whole run: by arithmetic, not
+measured here, the rest of the suite is 7-8 s of cases, about half a second per worker.
 
 Here the first items are dealt to the workers in turn, so the long ones go to different
 workers, and each worker then gets one more item each time it finishes one: no worker holds
