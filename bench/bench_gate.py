@@ -17,6 +17,8 @@
    (worker start-up included on both sides). Goal: at most 1.3x.
    --xdist N runs it with -n N against N workers: with more workers than cores (-n 4 here)
    it shows how the gate's items are spread over xdist's workers (gate/xdist_schedule.py).
+   Each such run also reports, per xdist worker, the items it ran, their call phases'
+   durations and when its last item was done (bench/worker_split.py, a plugin on the controller).
 Each pytest run is compared with the Runner alone run right before it and right after it
 (their mean; consecutive pytest runs share the one between them), so that a drift of the
 machine's speed cancels; the figures are medians (and ranges) of each repetition's ratio.
@@ -59,25 +61,36 @@ from pytest_gradgate.build.options import BuildOptions
 from pytest_gradgate.build.source import resolve_source
 
 
-def timed(cmd, cwd):
+BENCH_DIR = Path(__file__).resolve().parent
+
+
+def timed(cmd, cwd, env=None):
     """(wall s, CPU s of the process and every process under it, exit code, output)."""
-    wall, usage, code, text = bench_reference.run_measured(cmd, cwd=cwd, stderr=subprocess.STDOUT)
+    wall, usage, code, text = bench_reference.run_measured(cmd, cwd=cwd, env=env, stderr=subprocess.STDOUT)
     return wall, usage.ru_utime + usage.ru_stime, code, text
 
 
-def pytest_run(folder, extra):
-    """(wall s, the cases' durations summed, cases, exit code, CPU s of every process, {outcome: items})."""
+def pytest_run(folder, extra, split=False):
+    """(wall s, the cases' durations summed, cases, exit code, CPU s of every process, {outcome: items},
+    and with split=True, for a run under xdist, how its items went to the workers: worker_split.py)."""
     report = Path(folder) / "r.json"
     cmd = [sys.executable, "-m", "pytest", "--gradgate", "-q", "-p", "no:cacheprovider", "--gradgate-json",
            str(report), *extra]
-    wall, cpu, code, text = timed(cmd, folder)
+    env = None
+    split_file = Path(folder) / "split.json"
+    if split:
+        cmd += ["-p", "worker_split"]
+        path = os.pathsep.join(p for p in (str(BENCH_DIR), os.environ.get("PYTHONPATH")) if p)
+        env = dict(os.environ, PYTHONPATH=path, GRADGATE_BENCH_SPLIT=str(split_file))
+    wall, cpu, code, text = timed(cmd, folder, env)
     if not report.is_file():
         raise SystemExit(f"pytest --gradgate did not write its report (exit {code}):\n{text[-2000:]}")
     cases = json.loads(report.read_text())["cases"]
     outcomes = {}
     for c in cases:
         outcomes[c.get("outcome")] = outcomes.get(c.get("outcome"), 0) + 1
-    return wall, sum(c.get("duration") or 0.0 for c in cases), len(cases), code, cpu, outcomes
+    spread = json.loads(split_file.read_text()) if split and split_file.is_file() else None
+    return wall, sum(c.get("duration") or 0.0 for c in cases), len(cases), code, cpu, outcomes, spread
 
 
 # how an empty test reaches each outcome the gate's items have, the way the gate's items
@@ -169,7 +182,7 @@ def main(argv=None):
                 if "one" in parts:
                     ahead[v].append(bracketed(jobs, lambda: pytest_run(folder, extra + list(v))))
                 if "n2" in parts:
-                    two[v].append(bracketed(n, lambda: pytest_run(folder, extra + ["-n", str(n)] + list(v))))
+                    two[v].append(bracketed(n, lambda: pytest_run(folder, extra + ["-n", str(n)] + list(v), split=True)))
                 if "jobs1" in parts:
                     one[v].append(bracketed(1, lambda: pytest_run(folder, extra + ["--gradgate-jobs", "1"] + list(v))))
             if "floors" in parts:
@@ -226,6 +239,13 @@ def main(argv=None):
         print(f"pytest --gradgate -n {n}: {field(two[()], 0):.1f} s wall; against the Runner alone, {n} workers, "
               f"same cases ({alone_of(two[()]):.1f} s): {ratio(two[()], 0)[0]} (goal: at most 1.3x)")
         print(f"HEADLINE -n {n}: {ratio(two[()], 0)[1]:.2f}x")
+        for k, (r, _) in enumerate(two[()]):
+            if r[6]:
+                ends = [w["done_s"] for w in r[6].values()]
+                print(f"  run {k + 1}, per xdist worker (items; their call phases' durations; last item done, from "
+                      f"the session's start): " + "; ".join(
+                          f"{name} {w['items']}, {w['call_s']:.1f} s, {w['done_s']:.1f} s" for name, w in
+                          sorted(r[6].items())) + f"; the last worker done {max(ends) - min(ends):.1f} s after the first")
     if "floors" in parts:
         f1, f2 = floors[()]
 
