@@ -11,7 +11,10 @@ import pytest
 import pytest_gradgate
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name != "reference.py")   # reference.py: a module
+# modules the scripts use, not scripts: reference.py (test-backend-ops' side), worker_split.py
+# (a pytest plugin bench_gate.py loads into the runs it times)
+MODULES = ("reference.py", "worker_split.py")
+SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name not in MODULES)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -21,8 +24,9 @@ def test_bench_script_starts(script):
     assert "usage:" in proc.stdout
 
 
-def test_reference_module_imports():
-    proc = subprocess.run([sys.executable, "-c", "import reference"], cwd=BENCH, capture_output=True, text=True)
+@pytest.mark.parametrize("module", MODULES)
+def test_bench_module_imports(module):
+    proc = subprocess.run([sys.executable, "-c", f"import {module[:-3]}"], cwd=BENCH, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -82,3 +86,19 @@ def test_bench_reference_prints_both_ratios_and_the_per_evaluation_figure(defaul
     import bench_reference
     if bench_reference.hypothesis_plugin_installed():     # the test extra brings it
         assert "default install (-p no:hypothesispytest):" in out, out
+
+
+def test_worker_split_counts_every_item_once_per_xdist_worker(tmp_path):
+    """What bench_gate.py prints per xdist worker comes from this plugin on the controller."""
+    import json
+    import os
+    (tmp_path / "test_few.py").write_text("import pytest\n\n@pytest.mark.parametrize('i', range(6))\ndef test_it(i):\n    pass\n")
+    split = tmp_path / "split.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")])),
+               GRADGATE_BENCH_SPLIT=str(split))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "worker_split",
+                           "-n", "2", "test_few.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    workers = json.loads(split.read_text())
+    assert set(workers) <= {"gw0", "gw1"} and sum(w["items"] for w in workers.values()) == 6, workers
+    assert all(w["done_s"] > 0 for w in workers.values()), workers
