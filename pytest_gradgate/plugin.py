@@ -149,8 +149,12 @@ def pytest_collect_file(file_path, parent):
     from pytest_gradgate.gate.selection import CASE_FILE_RE, builtin_nodeid, is_builtin
     resolved = str(file_path.resolve())
     if is_builtin(file_path) and resolved in state.case_files:
-        # outside the rootdir: a stable, readable node id (for -k, --lf, reports, pasting back)
-        node = CaseFile.from_parent(parent, path=file_path, nodeid=builtin_nodeid(file_path))
+        # outside the rootdir: a stable, readable node id (for -k, --lf, reports, pasting back).
+        # Its parent is the session, not the folders pytest made on the way to the installed
+        # package: their names (site-packages, lib, the venv's) would be keywords of every
+        # built-in item, so `-k lib` or `-k "not venv"` picked by where pytest-gradgate is
+        # installed, and every report carried them (under xdist, serialized three times an item)
+        node = CaseFile.from_parent(parent.session, path=file_path, nodeid=builtin_nodeid(file_path))
         node.gradgate_builtin = True
         return node
     if CASE_FILE_RE.match(file_path.name) or resolved in state.case_files:

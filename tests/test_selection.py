@@ -8,6 +8,7 @@ Each test names what it caught before the change that it guards.
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -48,6 +49,25 @@ def test_a_builtin_id_pasted_back_selects_exactly_that_item(pytester):
     assert result.ret == 0, result.stdout.str()
     assert ran(result) == [DUP_ID]
     result.assert_outcomes(passed=1)
+
+
+def test_where_the_package_is_installed_is_no_keyword_of_the_builtin_items(pytester):
+    """Before: the built-in items' keywords held every folder on the way to the installed
+    package (site-packages, lib, the venv's name...): `-k <that folder>` selected all 604
+    of them, and `-k "not <it>"` none."""
+    import pytest_gradgate
+    folder = Path(pytest_gradgate.__file__).resolve().parent.parent.name   # e.g. site-packages
+    pytester.makeconftest(
+        "def pytest_collection_finish(session):\n"
+        "    with open('keywords.txt', 'w') as f:\n"
+        "        f.write(repr(sorted(session.items[0].keywords)))\n")
+    result = pytester.runpytest_subprocess("--gradgate", DUP_ID, "--collect-only", "-q", "-p", "no:cacheprovider")
+    assert result.ret == 0, result.stdout.str()
+    keywords = (pytester.path / "keywords.txt").read_text()
+    assert repr(folder) not in keywords and "'pytest_gradgate'" not in keywords, keywords
+    result = pytester.runpytest_subprocess("--gradgate", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                           "-k", f"not {folder}", DUP_ID)
+    assert "1 test collected" in result.stdout.str(), result.stdout.str()
 
 
 def test_a_user_file_id_selects_that_item_only(pytester):
