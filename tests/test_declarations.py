@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from pytest_gradgate.build import binding
 from pytest_gradgate.build.declarations import module_path
@@ -69,3 +70,25 @@ def test_a_worker_that_writes_the_module_still_starts(default_build, tmp_path, m
     finally:
         runner.close()
     assert kept_module(tmp_path).is_file()
+
+
+def test_modules_no_process_used_for_a_month_go_when_a_new_one_is_written(default_build, tmp_path):
+    folder = tmp_path / "ffi"
+    folder.mkdir()
+    days = 86400
+    old, recent = folder / "gradgate_ffi_0ld.py", folder / "gradgate_ffi_recent.py"
+    for path, age in ((old, 40 * days), (recent, 10 * days)):
+        path.write_text("ffi = None\n")
+        os.utime(path, (time.time() - age, time.time() - age))
+    load_in_new_process(default_build.library, tmp_path)        # writes this version's module
+    assert kept_module(tmp_path).is_file()
+    assert not old.exists() and recent.exists()
+
+
+def test_a_module_in_use_is_marked_as_used(default_build, tmp_path):
+    load_in_new_process(default_build.library, tmp_path)
+    module = kept_module(tmp_path)
+    stale = time.time() - 40 * 86400
+    os.utime(module, (stale, stale))
+    assert not load_in_new_process(default_build.library, tmp_path)["parsed_here"]
+    assert module.stat().st_mtime > time.time() - 3600    # so another version's write keeps it

@@ -9,6 +9,10 @@ declarations and of cffi's version, so an edited header or another cffi gets a m
 
 Every process, the one that writes the module included, uses the module read back from the
 file, so the first run and later runs call the library through the same kind of `ffi`.
+
+Each other version of the declarations or of cffi leaves a module of its own (8-9 KB). A module
+in use has its modification time renewed once a day at most; when a new one is written, those
+that no process used for UNUSED_DAYS are removed, so the folder holds what is in use.
 Where the module cannot be written (a read-only cache) or read back (a truncated or foreign
 file), the declarations are parsed in this process as before: it costs the parse, nothing else.
 """
@@ -19,12 +23,15 @@ import importlib.util
 import io
 import os
 import tempfile
+import time
 
 import _cffi_backend
 
 from pytest_gradgate.build.cache import cache_root
 
 MODULE_PREFIX = "gradgate_ffi_"
+UNUSED_DAYS = 30        # a kept module no process used for this long is removed when a new one is written
+RENEW_AFTER_S = 86400   # a module in use has its time renewed when it is older than this
 
 
 def module_path(text):
@@ -38,6 +45,7 @@ def ffi_for(text):
     path = module_path(text)
     ffi = _read_back(path)
     if ffi is not None:
+        _renew(path)
         return ffi
     import cffi     # and pycparser: only on a first run, or where the module cannot be kept
     parsed = cffi.FFI()
@@ -79,4 +87,25 @@ def _write(parsed, path):
                 os.unlink(staging)
     except OSError:
         return False
+    _remove_unused(path)
     return True
+
+
+def _renew(path):
+    """Mark the module at `path` as in use (its modification time), at most once a day."""
+    try:
+        if time.time() - path.stat().st_mtime > RENEW_AFTER_S:
+            os.utime(path)
+    except OSError:     # a read-only cache: the module is only never removed
+        pass
+
+
+def _remove_unused(kept):
+    """Remove the other modules beside `kept` that no process used for UNUSED_DAYS."""
+    limit = time.time() - UNUSED_DAYS * 86400
+    for other in kept.parent.glob(f"{MODULE_PREFIX}*.py"):
+        try:
+            if other != kept and other.stat().st_mtime < limit:
+                other.unlink()
+        except OSError:     # removed by another process meanwhile, or not ours to remove
+            pass
