@@ -10,11 +10,12 @@ declarations and of cffi's version, so an edited header or another cffi gets a m
 Every process, the one that writes the module included, uses the module read back from the
 file, so the first run and later runs call the library through the same kind of `ffi`.
 
+Where the module cannot be written (a read-only cache) or read back (a truncated or foreign
+file), the declarations are parsed in this process as before: it costs the parse, nothing else.
+
 Each other version of the declarations or of cffi leaves a module of its own (8-9 KB). A module
 in use has its modification time renewed once a day at most; when a new one is written, those
 that no process used for UNUSED_DAYS are removed, so the folder holds what is in use.
-Where the module cannot be written (a read-only cache) or read back (a truncated or foreign
-file), the declarations are parsed in this process as before: it costs the parse, nothing else.
 """
 
 import contextlib
@@ -30,8 +31,9 @@ import _cffi_backend
 from pytest_gradgate.build.cache import cache_root
 
 MODULE_PREFIX = "gradgate_ffi_"
+DAY_S = 86400
 UNUSED_DAYS = 30        # a kept module no process used for this long is removed when a new one is written
-RENEW_AFTER_S = 86400   # a module in use has its time renewed when it is older than this
+RENEW_AFTER_S = DAY_S   # a module in use has its time renewed when it is older than this
 
 
 def module_path(text):
@@ -96,13 +98,13 @@ def _renew(path):
     try:
         if time.time() - path.stat().st_mtime > RENEW_AFTER_S:
             os.utime(path)
-    except OSError:     # a read-only cache: the module is only never removed
+    except OSError:     # a read-only cache: nothing in it is removed either
         pass
 
 
 def _remove_unused(kept):
     """Remove the other modules beside `kept` that no process used for UNUSED_DAYS."""
-    limit = time.time() - UNUSED_DAYS * 86400
+    limit = time.time() - UNUSED_DAYS * DAY_S
     for other in kept.parent.glob(f"{MODULE_PREFIX}*.py"):
         try:
             if other != kept and other.stat().st_mtime < limit:
