@@ -18,7 +18,12 @@
    --xdist N runs it with -n N against N workers: with more workers than cores (-n 4 here)
    it shows how the gate's items are spread over xdist's workers (gate/xdist_schedule.py).
    Each such run also reports, per xdist worker, the items it ran, their call phases'
-   durations and when its last item was done (bench/worker_split.py, a plugin on the controller).
+   durations and when its last item was done (bench/worker_split.py, a plugin on the controller),
+   and when, from the pytest process's start, its session started, the workers' collections
+   came in, the first and the last report arrived and the session finished; then, as medians,
+   where the wall time goes: before the first item's report (against the Runner alone's
+   first worker start with one case), from the first report to the last (against the Runner
+   alone's cases), and after the last.
 Each pytest run is compared with the Runner alone run right before it and right after it
 (their mean; consecutive pytest runs share the one between them), so that a drift of the
 machine's speed cancels; the figures are medians (and ranges) of each repetition's ratio.
@@ -120,6 +125,26 @@ def pytest_floor(extra):
         return wall, cpu
 
 
+def print_timeline(runs, n):
+    """Where each -n N run's wall time went (worker_split.py's timeline), against the Runner
+    alone's start-up and cases, and the medians: before the first item, the items, after them."""
+    parts = []
+    for k, (r, alone) in enumerate(runs):
+        t = (r[6] or {}).get("timeline") or {}
+        if not {"first_s", "last_s", "finish_s"} <= set(t):
+            continue
+        parts.append((t["first_s"], t["last_s"] - t["first_s"], r[0] - t["last_s"], alone[2], alone[0] - alone[2]))
+        print(f"  run {k + 1}, from the pytest process's start: session start {t.get('session_s', 0):.2f} s, the "
+              f"workers' collections in {t.get('collected_s', 0):.2f} s, first report {t['first_s']:.2f} s, last "
+              f"{t['last_s']:.2f} s, session finish {t['finish_s']:.2f} s, exit {r[0]:.2f} s")
+    if parts:
+        med = [statistics.median(p[i] for p in parts) for i in range(5)]
+        print(f"-n {n}, where the wall time goes (medians): before the first item's report {med[0]:.2f} s (the Runner "
+              f"alone: its first worker up with one case, {med[3]:.2f} s); from the first report to the last "
+              f"{med[1]:.2f} s (the Runner alone's cases after that: {med[4]:.2f} s); after the last report, to "
+              f"the exit, {med[2]:.2f} s")
+
+
 PARTS = ("one", "jobs1", "n2", "floors")
 
 
@@ -157,15 +182,16 @@ def main(argv=None):
 
     def runner_alone(workers):
         r = bench_reference.run_ours(cases, library, workers, warm=smallest, fresh=known)[0]
-        last_alone[workers] = (r["startup_s"] + r["wall_s"], r["cpu_s"])
+        last_alone[workers] = (r["startup_s"] + r["wall_s"], r["cpu_s"], r["startup_s"])
         return last_alone[workers]
 
     def bracketed(workers, run):
-        """(run(), (wall, CPU s) of the Runner alone: the mean of the runs before and after)."""
+        """(run(), (wall, CPU s, start-up s) of the Runner alone: the mean of the runs before
+        and after; start-up: its first worker's start with one case, within the wall)."""
         before = last_alone.get(workers) or runner_alone(workers)
         measured = run()
         after = runner_alone(workers)
-        return measured, ((before[0] + after[0]) / 2, (before[1] + after[1]) / 2)
+        return measured, tuple((b + a) / 2 for b, a in zip(before, after))
     variants = bench_reference.plugin_variants()
     # each: [(pytest_run's tuple, the Runner alone's (wall, CPU s)), ...] per variant
     ahead, two, one = {v: [] for v in variants}, {v: [] for v in variants}, {v: [] for v in variants}
@@ -240,12 +266,14 @@ def main(argv=None):
               f"same cases ({alone_of(two[()]):.1f} s): {ratio(two[()], 0)[0]} (goal: at most 1.3x)")
         print(f"HEADLINE -n {n}: {ratio(two[()], 0)[1]:.2f}x")
         for k, (r, _) in enumerate(two[()]):
-            if r[6]:
-                ends = [w["done_s"] for w in r[6].values()]
+            workers = (r[6] or {}).get("workers")
+            if workers:
+                ends = [w["done_s"] for w in workers.values()]
                 print(f"  run {k + 1}, per xdist worker (items; their call phases' durations; last item done, from "
                       f"the session's start): " + "; ".join(
                           f"{name} {w['items']}, {w['call_s']:.1f} s, {w['done_s']:.1f} s" for name, w in
-                          sorted(r[6].items())) + f"; the last worker done {max(ends) - min(ends):.1f} s after the first")
+                          sorted(workers.items())) + f"; the last worker done {max(ends) - min(ends):.1f} s after the first")
+        print_timeline(two[()], n)
     if "floors" in parts:
         f1, f2 = floors[()]
 

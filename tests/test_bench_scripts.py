@@ -99,6 +99,27 @@ def test_worker_split_counts_every_item_once_per_xdist_worker(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "worker_split",
                            "-n", "2", "test_few.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:]
-    workers = json.loads(split.read_text())
+    split = json.loads(split.read_text())
+    workers, timeline = split["workers"], split["timeline"]
     assert set(workers) <= {"gw0", "gw1"} and sum(w["items"] for w in workers.values()) == 6, workers
     assert all(w["done_s"] > 0 for w in workers.values()), workers
+    # in the order a run goes through them, from the process's start
+    order = ["session_s", "collected_s", "first_s", "last_s", "finish_s"]
+    assert sorted(timeline, key=timeline.get) == order and timeline["session_s"] > 0, timeline
+
+
+def test_the_timeline_splits_each_run_before_among_and_after_its_items(capsys):
+    """bench_gate.py's "where the wall time goes": medians over the runs of each part, beside
+    the Runner alone's start-up and cases (its wall minus its start-up)."""
+    import bench_gate
+
+    def run(wall, first, last):
+        timeline = {"session_s": 0.2, "collected_s": 0.6, "first_s": first, "last_s": last, "finish_s": last + 0.1}
+        return (wall, 0, 0, 0, 0, {}, {"workers": {}, "timeline": timeline})
+    runs = [(run(6.0, 0.7, 5.8), (5.0, 9.0, 0.2)), (run(6.6, 0.9, 6.4), (5.2, 9.0, 0.1)),
+            (run(6.2, 0.8, 6.0), (4.8, 9.0, 0.3))]
+    bench_gate.print_timeline(runs, 2)
+    summary = capsys.readouterr().out.splitlines()[-1]
+    assert summary == ("-n 2, where the wall time goes (medians): before the first item's report 0.80 s (the Runner "
+                       "alone: its first worker up with one case, 0.20 s); from the first report to the last 5.20 s "
+                       "(the Runner alone's cases after that: 4.80 s); after the last report, to the exit, 0.20 s")
