@@ -77,7 +77,8 @@ def timed(cmd, cwd, env=None):
 
 def pytest_run(folder, extra, split=False):
     """(wall s, the cases' durations summed, cases, exit code, CPU s of every process, {outcome: items},
-    and with split=True, for a run under xdist, how its items went to the workers: worker_split.py)."""
+    and with split=True, for a run under xdist, how its items went to the workers and when its
+    session's steps happened: worker_split.py's {workers, timeline})."""
     report = Path(folder) / "r.json"
     cmd = [sys.executable, "-m", "pytest", "--gradgate", "-q", "-p", "no:cacheprovider", "--gradgate-json",
            str(report), *extra]
@@ -193,7 +194,7 @@ def main(argv=None):
         after = runner_alone(workers)
         return measured, tuple((b + a) / 2 for b, a in zip(before, after))
     variants = bench_reference.plugin_variants()
-    # each: [(pytest_run's tuple, the Runner alone's (wall, CPU s)), ...] per variant
+    # each: [(pytest_run's tuple, the Runner alone's (wall, CPU s, start-up s)), ...] per variant
     ahead, two, one = {v: [] for v in variants}, {v: [] for v in variants}, {v: [] for v in variants}
     floors = {v: ([], []) for v in variants}
     floor_cpu = {v: ([], []) for v in variants}
