@@ -288,6 +288,28 @@ def test_a_cancelled_runner_starts_no_worker_and_kills_one_that_was_starting(def
         runner.close()
 
 
+@pytest.mark.skipif(not os.path.isfile("/proc/self/environ"), reason="reads the worker's environment in /proc")
+def test_a_worker_runs_numpys_blas_on_one_thread_whatever_the_users_setting(default_build, monkeypatch):
+    """A worker's numpy (OpenBLAS in PyPI's wheels) starts a thread pool on import, and its
+    threads spin between the engine's matrix-vector products, taking CPU from ggml and the
+    other workers (parent.Worker). The worker is set to one BLAS thread, over the user's value,
+    and still runs cases."""
+    from pytest_gradgate.declare.case import Case
+    from pytest_gradgate.isolation.parent import Runner
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")    # a user's own setting, which would start a pool
+    runner = Runner(default_build.library)
+    try:
+        runner.start()
+        pid = runner.worker.proc.pid
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        assert env.get(b"OPENBLAS_NUM_THREADS") == b"1"
+        result = runner.run(Case(name="c", graph="sqr(a)", params={"a": [64, 64]}))
+        assert result.status == "passed", result.message
+    finally:
+        runner.close()
+
+
 def _worker_processes():
     import os
     from test_faults import _children

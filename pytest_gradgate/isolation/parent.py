@@ -86,6 +86,12 @@ class Worker:
         # space apiece; --gradgate-max-memory caps address space (RLIMIT_AS), and the threads
         # of a case's backward must not spend the cap on reservations
         env.setdefault("MALLOC_ARENA_MAX", "1")
+        # numpy's OpenBLAS (the one PyPI's wheels bundle) runs the engine's matrix-vector
+        # products on a thread pool whose threads spin between calls: in a suite run on two
+        # cores they took 1.2 CPU s from ggml and the other workers. The engine's vectors are
+        # small, so one thread computes them as fast. ggml does not use this BLAS (our build
+        # enables no BLAS backend), so a user's own setting has nothing here to apply to.
+        env["OPENBLAS_NUM_THREADS"] = "1"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pytest_gradgate.isolation.worker", str(library)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr_file,
