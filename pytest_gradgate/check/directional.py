@@ -53,7 +53,7 @@ def project(dirs, values):
     """dirs @ values, accumulated in float64, without a float64 copy of all the directions:
     for a 1M-element param that copy is 48 MB of fresh pages, which the kernel zeroes in
     each case's child (8% of a suite run's CPU); a block of columns at a time costs 1.5 MB."""
-    values = np.asarray(values, dtype=np.float64).ravel()
+    values = np.asarray(values).ravel()    # float32 values are cast a block at a time too
     k, n = dirs.shape
     out = np.zeros(k)
     block = np.empty((k, min(n, PROJECT_BLOCK)))

@@ -115,15 +115,16 @@ def make_values(rng, ne, init):
     return rng.uniform(lo, hi, n).astype(np.float32)
 
 
-def read_tensor(g, t):
-    """A tensor's values through its strides (it may be a view), logical order, float64."""
+def read_tensor(g, t, dtype=np.float64):
+    """A tensor's values through its strides (it may be a view), logical order, float64
+    (or `dtype`: float32 keeps ggml's values exactly, in half the fresh memory)."""
     ne, nb = g.layout(t)
     nbytes = g.lib.gg_tensor_nbytes(t)
     buf = np.empty(nbytes, dtype=np.uint8)
     g.lib.gg_tensor_read(t, g.ffi.from_buffer(buf), 0, nbytes)
     arr = np.ndarray(shape=(ne[3], ne[2], ne[1], ne[0]), dtype=np.float32, buffer=buf,
                      strides=(nb[3], nb[2], nb[1], nb[0]))
-    return arr.astype(np.float64).ravel()
+    return arr.astype(dtype).ravel()
 
 
 def write_tensor(g, t, values):
@@ -368,7 +369,10 @@ def run_case(case, lib, phase=lambda name: None):
                 timings["numeric-lane-cpu-seconds"] = timings.get("numeric-lane-cpu-seconds", 0.0) + checks[name]["lane_seconds"]
 
         enter(Phase.COMPARE)
-        predictions = probe.predictions(session)
+        # fast mode compares along the directions: each prediction is projected as soon as it
+        # is read, so no scramble's full-size gradients are kept (4 scrambles x every param)
+        project = None if case.mode == "full" else (lambda name, values: checks[name]["project"](values))
+        predictions = probe.predictions(session, project)
         _compare(result, case, checks, predictions, shapes, laid_out)
         result.loss_value = loss_value
         return result.finish(result.status, Phase.DONE, started=started)
@@ -412,8 +416,10 @@ class _PowerProbe:
         self.graph = g.backward_graph(g.forward_graph(probe_loss))
         self.grads = {name: lib.ggml_graph_get_grad(self.graph, t) for name, t in params.items()}
 
-    def predictions(self, session):
-        """{scramble: {param: gradient}}, or None when y gets no gradient (nothing to scramble)."""
+    def predictions(self, session, project=None):
+        """{scramble: {param: gradient}}, or None when y gets no gradient (nothing to scramble);
+        project(param, values): what is kept of each gradient instead (fast mode: its projection
+        on the directions, computed from the float32 values)."""
         g = self.g
         if self.incoming == g.ffi.NULL:
             return None
@@ -422,8 +428,16 @@ class _PowerProbe:
             write_tensor(g, self.weights, values.astype(np.float32))
             g.lib.ggml_graph_reset(self.graph)
             _check_status(g.lib.gg_session_compute(session, self.graph))
-            out[name] = {p: (read_tensor(g, t) if t != g.ffi.NULL else np.zeros(read_tensor(g, self.params[p]).size))
-                         for p, t in self.grads.items()}
+            grads = {}
+            for p, t in self.grads.items():
+                if t == g.ffi.NULL:
+                    values = np.zeros(read_tensor(g, self.params[p]).size)
+                elif project is None:
+                    values = read_tensor(g, t)
+                else:
+                    values = read_tensor(g, t, np.float32)
+                grads[p] = values if project is None else project(p, values)
+            out[name] = grads
         return out
 
 
@@ -481,8 +495,8 @@ def _compare(result, case, checks, predictions, shapes, laid_out=()):
     if predictions is None:
         param_power, detail, uncaught = {name: False for name in checks}, {}, None
     else:
-        project = None if case.mode == "full" else (lambda name, values: checks[name]["project"](values))
-        param_power, detail, uncaught = power.judge(predictions, checks, case.max_maa, project)
+        # in fast mode the predictions are projections already (_PowerProbe.predictions)
+        param_power, detail, uncaught = power.judge(predictions, checks, case.max_maa)
     case_power = uncaught == []
     result.power_scrambles = {s: {p: float(v) for p, v in maa.items()} for s, maa in detail.items()}
     for name, c in checks.items():

@@ -41,14 +41,13 @@ def scrambles(incoming, ne, seed=SCRAMBLE_SEED):
     return out
 
 
-def judge(predictions, checks, max_maa, project=None):
+def judge(predictions, checks, max_maa):
     """-> ({param: has power}, {scramble: {param: maa}}, scrambles no param catches).
 
     The case has power when the last is empty (and there was something to scramble).
 
-    predictions: {scramble: {param: J^T (P dL/dy)}}; checks: {param: {"numeric", "noise"}}.
-    project(param, values) maps a prediction onto what the case compares (fast mode: the
-    directions); None compares element by element."""
+    predictions: {scramble: {param: J^T (P dL/dy)}}, each on what the case compares (fast
+    mode: projected on the directions, engine._PowerProbe); checks: {param: {"numeric", "noise"}}."""
     per_param = {name: True for name in checks}
     detail = {}
     uncaught = []
@@ -56,8 +55,7 @@ def judge(predictions, checks, max_maa, project=None):
         detail[scramble] = {}
         caught = False
         for name, c in checks.items():
-            pred = grads[name] if project is None else project(name, grads[name])
-            detail[scramble][name], passed = metrics.verdict(pred, c["numeric"], c["noise"], max_maa)
+            detail[scramble][name], passed = metrics.verdict(grads[name], c["numeric"], c["noise"], max_maa)
             if passed:
                 per_param[name] = False
             else:
