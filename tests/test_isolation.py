@@ -310,6 +310,23 @@ def test_a_worker_runs_numpys_blas_on_one_thread_whatever_the_users_setting(defa
         runner.close()
 
 
+def test_waiting_for_a_worker_to_exit_returns_its_status_and_gives_up_at_the_timeout():
+    """parent.wait_exited, which Worker.close uses: woken by the exit itself (a pidfd, where
+    Linux has one) instead of subprocess's polling; a process that does not exit is left
+    running when the timeout passes, for the caller to kill."""
+    from pytest_gradgate.isolation.parent import wait_exited
+    quick = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    assert wait_exited(quick, timeout=60) == 3
+    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            wait_exited(slow, timeout=0.2)
+        assert slow.poll() is None
+    finally:
+        slow.kill()
+        slow.wait()
+
+
 def _worker_processes():
     import os
     from test_faults import _children

@@ -67,6 +67,27 @@ def format_size(n):
     return str(n)
 
 
+def wait_exited(proc, timeout):
+    """proc.wait(timeout), woken as soon as the process exits where the OS gives a pidfd
+    (Linux 5.3+). subprocess's own wait with a timeout polls with growing sleeps: a worker
+    that exits 9-10 ms after its stdin closes was seen gone 17 ms later, at every close."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    fd = None
+    if pidfd_open is not None:
+        try:
+            fd = pidfd_open(proc.pid)
+        except OSError:     # already reaped, or no pidfd here: subprocess's polling wait
+            fd = None
+    if fd is not None:
+        try:
+            ready, _, _ = select.select([fd], [], [], timeout)
+        finally:
+            os.close(fd)
+        if not ready:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+    return proc.wait(timeout=timeout)   # exited (a pidfd is readable once it has): reaped at once
+
+
 class Worker:
     """One worker process (library loaded once) and its stderr file."""
 
@@ -198,7 +219,7 @@ class Worker:
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.close()
-                self.proc.wait(timeout=5)
+                wait_exited(self.proc, timeout=5)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
