@@ -1,6 +1,8 @@
 """The engine on real ggml builds: MAA, NaN handling, gradients that are views, stencils,
 diagnosis kinds, phases and power. Array-level checks of the same rules: test_metrics.py."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -316,18 +318,9 @@ def test_the_halved_estimate_is_the_one_a_whole_pass_at_half_the_step_gives(lib,
     (taken here at a few elements only, in another order). Using the h/4 central difference
     without Richardson, or h/2 for the 4-point stencil, fails this."""
     from pytest_gradgate.build import binding
-    from pytest_gradgate.check.engine import build_forward, graph_tensors, halved_estimate
-    from pytest_gradgate.declare.expr import parse_graph
+    from pytest_gradgate.check.engine import halved_estimate
     c = case("exp(a)", {"a": [5, 3]}, eps=0.1, stencil=stencil)
-    lines = parse_graph(c.graph)
-    g = GraphBuilder(lib, c, graph_tensors(c, lines))
-    session = lib.gg_session_new(b"cpu", 1, g.ffi.new("char[256]"), 256)
-    try:
-        params, _, _, loss = build_forward(g, c, lines)
-        gf = g.forward_graph(loss)
-        assert lib.gg_session_alloc(session, g.ctx)
-        for t, values in g.values:
-            write_tensor(g, t, values)
+    with _forward_session(lib, c) as (g, session, params, gf, loss):
         t, h = params["a"], 0.1
         buf = lambda a: binding.ffi.from_buffer("double[]", a)    # noqa: E731
         g_h, g_half, whole_h, whole_half = (np.empty(15) for _ in range(4))
@@ -342,9 +335,6 @@ def test_the_halved_estimate_is_the_one_a_whole_pass_at_half_the_step_gives(lib,
         halved = halved_estimate(lib, session, gf, t, loss, h, g_half if precise else None, idx)
         assert (halved == whole[idx]).all(), (halved, whole[idx])
         assert not np.allclose(whole, (4 * g_half - g_h) / 3 if precise else g_h, rtol=1e-9, atol=0)
-    finally:
-        lib.gg_session_free(session)
-        g.free()
 
 
 def test_directional_estimates_leave_the_param_as_it_was_and_match_the_loss_at_both_ends(lib):
@@ -352,18 +342,8 @@ def test_directional_estimates_leave_the_param_as_it_was_and_match_the_loss_at_b
     element took tens of ms per call at 1M elements): the param is restored to the bit, and each
     estimate is (L(x + h d) - L(x - h d)) / 2h of the forward at both ends."""
     from pytest_gradgate.check import directional
-    from pytest_gradgate.check.engine import build_forward, graph_tensors
-    from pytest_gradgate.declare.expr import parse_graph
     c = case("sqr(a)", {"a": [7, 5, 3]}, loss="sum", mode="fast")
-    lines = parse_graph(c.graph)
-    g = GraphBuilder(lib, c, graph_tensors(c, lines))
-    session = lib.gg_session_new(b"cpu", 1, g.ffi.new("char[256]"), 256)
-    try:
-        params, _, _, loss = build_forward(g, c, lines)
-        gf = g.forward_graph(loss)
-        assert lib.gg_session_alloc(session, g.ctx)
-        for t, values in g.values:
-            write_tensor(g, t, values)
+    with _forward_session(lib, c) as (g, session, params, gf, loss):
         t, h = params["a"], 0.25
         before = read_tensor(g, t)
         dirs = directional.rademacher(3, 4, before.size)
@@ -374,6 +354,23 @@ def test_directional_estimates_leave_the_param_as_it_was_and_match_the_loss_at_b
         ends = [(np.float64((x + s * h * d).astype(np.float32)) ** 2).sum() for d in dirs for s in (1, -1)]
         expected = (np.array(ends[0::2]) - np.array(ends[1::2])) / (2 * h)
         np.testing.assert_allclose(d_h, expected, rtol=1e-4)
+
+
+@contextlib.contextmanager
+def _forward_session(lib, c):
+    """The case's forward graph on a CPU session, its values written: (g, session, params, gf, loss)."""
+    from pytest_gradgate.check.engine import build_forward, graph_tensors
+    from pytest_gradgate.declare.expr import parse_graph
+    lines = parse_graph(c.graph)
+    g = GraphBuilder(lib, c, graph_tensors(c, lines))
+    session = lib.gg_session_new(b"cpu", 1, g.ffi.new("char[256]"), 256)
+    try:
+        params, _, _, loss = build_forward(g, c, lines)
+        gf = g.forward_graph(loss)
+        assert lib.gg_session_alloc(session, g.ctx)
+        for t, values in g.values:
+            write_tensor(g, t, values)
+        yield g, session, params, gf, loss
     finally:
         lib.gg_session_free(session)
         g.free()
