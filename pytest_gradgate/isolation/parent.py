@@ -77,7 +77,7 @@ def wait_exited(proc, timeout):
         try:
             fd = pidfd_open(proc.pid)
         except OSError:     # already reaped, or no pidfd here: subprocess's polling wait
-            fd = None
+            pass
     if fd is not None:
         try:
             ready, _, _ = select.select([fd], [], [], timeout)

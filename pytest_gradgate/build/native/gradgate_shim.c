@@ -356,20 +356,6 @@ int gg_numeric_grad_lanes(struct gg_session ** sessions, struct ggml_cgraph ** g
     return atomic_load(&job.status);
 }
 
-// write x0 + scale*u into param (through its strides)
-static void gg_write_shifted(struct ggml_tensor * param, const float * x0, const float * u, float scale, float * tmp) {
-    const int64_t n = ggml_nelements(param);
-    if (ggml_is_contiguous(param)) {
-        for (int64_t i = 0; i < n; i++) tmp[i] = x0[i] + scale * u[i];
-        ggml_backend_tensor_set(param, tmp, 0, n * sizeof(float));
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        const float v = x0[i] + scale * u[i];
-        ggml_backend_tensor_set(param, &v, gg_offset(param, i), sizeof(v));
-    }
-}
-
 // A param's values in logical order, and back: one copy where it is contiguous. Element by
 // element (a call and gg_offset's divisions each) a 1M-element param took tens of ms per call.
 static void gg_get_values(const struct ggml_tensor * param, float * out) {
@@ -392,6 +378,13 @@ static void gg_set_values(struct ggml_tensor * param, const float * values) {
     for (int64_t i = 0; i < n; i++) {
         ggml_backend_tensor_set(param, &values[i], gg_offset(param, i), sizeof(float));
     }
+}
+
+// write x0 + scale*u into param (through its strides)
+static void gg_write_shifted(struct ggml_tensor * param, const float * x0, const float * u, float scale, float * tmp) {
+    const int64_t n = ggml_nelements(param);
+    for (int64_t i = 0; i < n; i++) tmp[i] = x0[i] + scale * u[i];
+    gg_set_values(param, tmp);
 }
 
 int gg_directional(struct gg_session * s, struct ggml_cgraph * gf, struct ggml_tensor * param,
