@@ -28,8 +28,9 @@ from pathlib import Path
 
 from pytest_gradgate.build.cache import cache_root, make_entry
 from pytest_gradgate.build.cmake import (GGML_BUILD_INPUTS, build_tool_args, compiler_identity, failed_build,
-                                         hash_tree, require_cmake, run_logged)
+                                         require_cmake, run_logged)
 from pytest_gradgate.build.source import copy_tree
+from pytest_gradgate.build.tree_digest import tree_digest
 from pytest_gradgate.declare.case import Case
 from pytest_gradgate.errors import BuildError
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # ggml_variants: patched ggml copies
@@ -55,7 +56,7 @@ def has_reference_source(ggml_root):
 
 def reference_key(ggml_root):
     digest = hashlib.sha256()
-    hash_tree(digest, ggml_root, GGML_BUILD_INPUTS + ("tests/CMakeLists.txt", str(SOURCE)))
+    digest.update(tree_digest(ggml_root, GGML_BUILD_INPUTS + ("tests/CMakeLists.txt", str(SOURCE))).encode())
     digest.update(MAA_REPORT.encode() + json.dumps(CMAKE_ARGS).encode() + compiler_identity().encode())
     return digest.hexdigest()[:24]
 

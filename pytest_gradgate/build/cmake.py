@@ -1,7 +1,8 @@
 """Build ggml plus our shim with CMake, once per distinct input, shared by every process.
 
 Cache key = content of the ggml tree (the parts that make the library) + native/ +
-build options + compiler identity. A hit returns the published entry without running
+build options + compiler identity (a tree's digest is remembered by its files' stat: see
+tree_digest.py). A hit returns the published entry without running
 CMake. A miss builds in a staging folder under an exclusive lock (so concurrent
 pytest-xdist workers wait for one build instead of racing) and publishes it atomically.
 """
@@ -22,6 +23,7 @@ from pytest_gradgate.build.options import BuildOptions
 from pytest_gradgate.build.shipped import NATIVE_FILES, native_dir
 from pytest_gradgate.errors import BuildError
 from pytest_gradgate.build.source import read_ggml_version
+from pytest_gradgate.build.tree_digest import tree_digest
 
 LIBRARY_NAME = {"darwin": "libgradgate.dylib", "win32": "gradgate.dll"}.get(sys.platform, "libgradgate.so")
 BUILD_INFO = "build-info.json"
@@ -40,22 +42,6 @@ class Build:
     @property
     def library(self):
         return self.path / LIBRARY_NAME
-
-
-def hash_tree(digest, root, names):
-    root = Path(root)
-    for name in names:
-        top = root / name
-        if top.is_file():
-            files = [top]
-        elif top.is_dir():
-            files = sorted(p for p in top.rglob("*") if p.is_file())
-        else:
-            continue
-        for path in files:
-            digest.update(str(path.relative_to(root)).encode() + b"\0")
-            digest.update(path.read_bytes())
-            digest.update(b"\0")
 
 
 def compiler_identity():
@@ -135,9 +121,9 @@ def _system_has_libcuda():
 
 def cache_key(ggml_root, options):
     digest = hashlib.sha256()
-    hash_tree(digest, ggml_root, GGML_BUILD_INPUTS)
+    digest.update(tree_digest(ggml_root, GGML_BUILD_INPUTS).encode())
     digest.update(b"--native--")
-    hash_tree(digest, native_dir(), NATIVE_FILES)
+    digest.update(tree_digest(native_dir(), NATIVE_FILES).encode())
     digest.update(json.dumps(asdict(options), sort_keys=True).encode())
     digest.update(compiler_identity().encode())
     if "cuda" in options.backends:
