@@ -92,6 +92,14 @@ class Case:
 _FIELD_NAMES = tuple(f.name for f in fields(Case))
 
 
+class LoadedCase:
+    """One YAML mapping after validation: its Cases and where it was declared. (Here, not
+    in the loader, so that a remembered collection unpickles without importing YAML.)"""
+
+    def __init__(self, name, path, line, cases):
+        self.name, self.path, self.line, self.cases = name, path, line, cases
+
+
 @functools.lru_cache(maxsize=4096)
 def _main_op(graph):
     # parsed once per graph: the variants of a YAML entry (its consumers, producers, losses)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from pytest_gradgate.declare.case import DEFAULT_EPS, DEFAULT_MAX_MAA, DEFAULT_STENCIL, DEFAULT_THREADS, Case
+from pytest_gradgate.declare.case import (DEFAULT_EPS, DEFAULT_MAX_MAA, DEFAULT_STENCIL, DEFAULT_THREADS, Case,
+                                          LoadedCase)
 from pytest_gradgate.ops.consumers import CONSUMERS, DEFAULT_CONSUMERS, check_consumer
 from pytest_gradgate.ops.producers import DEFAULT_PRODUCERS, PRODUCERS, laid_out_params
 from pytest_gradgate.errors import CaseError
@@ -60,13 +61,6 @@ BACKENDS = ("cpu", "cuda")
 # keys about finite differences, which an equivalence case does not compute
 FINITE_DIFFERENCE_KEYS = ("eps", "stencil", "max_maa", "mode", "directions")
 INPUT_KEYS = {"type", "values", "shape", "init"}
-
-
-class LoadedCase:
-    """One YAML mapping after validation: its Cases and where it was declared."""
-
-    def __init__(self, name, path, line, cases):
-        self.name, self.path, self.line, self.cases = name, path, line, cases
 
 
 # libyaml's loader where PyYAML was built with it: the built-in files are read by every

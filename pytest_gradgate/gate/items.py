@@ -26,11 +26,11 @@ class GradgateFailure(Exception):
 class CaseFile(pytest.File):
     def collect(self):
         from pytest_gradgate.declare.case import full_mode_problem
-        from pytest_gradgate.declare.loader import load_file
+        from pytest_gradgate.declare.collection_memo import load_file_remembered
         from pytest_gradgate.errors import CaseError
         from pytest_gradgate.gate.selection import is_builtin
         state = state_of(self.config)
-        loaded, errors = load_file(self.path, state.backends, builtin=is_builtin(self.path))
+        loaded, errors = load_file_remembered(self.path, state.backends, builtin=is_builtin(self.path))
         mode = state.settings["mode"]   # --gradgate-mode overrides every case's own mode
         for entry in loaded:
             if not entry.cases:   # its backends are none of this run's: say so, do not vanish
