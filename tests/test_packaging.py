@@ -133,7 +133,7 @@ def test_pytest_loads_the_installed_plugin_without_rewriting_it(venv, tmp_path):
                      cwd=tmp_path, env=clean_env(PYTHONDONTWRITEBYTECODE="1"))
     assert code == 0, text
     modules = json.loads((tmp_path / "modules.json").read_text())
-    assert "pytest_gradgate.declare.loader" in modules["loaded"], modules   # the collection ran
+    assert "pytest_gradgate.declare.collection_memo" in modules["loaded"], modules   # the collection ran
     assert modules["rewritten"] == ["pytest_gradgate"], modules
     assert "PytestAssertRewriteWarning" not in text, text
 
