@@ -88,6 +88,16 @@ def test_bench_reference_prints_both_ratios_and_the_per_evaluation_figure(defaul
         assert "default install (-p no:hypothesispytest):" in out, out
 
 
+def test_bench_collect_prints_each_figure_with_and_without_its_memo(default_ggml):
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_collect.py"), "--repeat", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for line in ("1 calls each: with the tree's stat memo median", "hashing the tree median",
+                 "604 items, 1 runs, with the collection memo: start to exit median",
+                 "604 items, 1 runs, memos removed before each run: start to exit median"):
+        assert line in proc.stdout, proc.stdout
+
+
 def test_worker_split_counts_every_item_once_per_xdist_worker(tmp_path):
     """What bench_gate.py prints per xdist worker comes from this plugin on the controller."""
     import json
