@@ -14,13 +14,13 @@ sets it back (os.utime restores an mtime, not a ctime). A memo that cannot be re
 written is no memo: the digest is computed, never guessed.
 """
 
-import contextlib
 import hashlib
 import json
 import os
 import time
 from pathlib import Path
 
+from pytest_gradgate.build import memo_file
 from pytest_gradgate.build.cache import cache_root
 
 RACY_NS = 2_000_000_000
@@ -79,43 +79,21 @@ def memo_dir():
     return cache_root() / "tree-digests"
 
 
-# A memo is two lines of JSON: {version, root, digest}, then the files' stat rows. The
-# first line alone says whose memo it is, so pruning reads no rows.
-def _read_memo(path, rows_too=True):
-    try:
-        with open(path) as handle:
-            head = json.loads(handle.readline())
-            if not isinstance(head, dict) or head.get("version") != MEMO_VERSION or not isinstance(head.get("digest"), str):
-                return None
-            if rows_too:
-                head["files"] = json.loads(handle.readline())
-    except (OSError, ValueError):
+# The memo's body is the files' stat rows, as JSON (see memo_file.py for its head).
+def _read_memo(path):
+    """(digest, stat rows) of the memo at `path`, or None."""
+    found = memo_file.read(path, MEMO_VERSION)
+    if found is None or not isinstance(found[0].get("digest"), str):
         return None
-    return head
+    try:
+        return found[0]["digest"], json.loads(found[1])
+    except ValueError:
+        return None
 
 
 def _write_memo(path, root, digest, rows):
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _prune(path.parent)
-        head = {"version": MEMO_VERSION, "root": str(Path(root).resolve()), "digest": digest}
-        tmp.write_text(json.dumps(head) + "\n" + json.dumps(rows) + "\n")
-        os.replace(tmp, path)   # a reader sees the old memo or the new one, whole
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-
-
-def _prune(folder):
-    """Drop the memos of trees that are gone (a test's or a verify run's temporary copies),
-    so the folder holds about one memo per tree that still exists."""
-    for memo in folder.glob("*.json"):
-        if memo.name.startswith(".tmp-"):   # another process's memo, being written
-            continue
-        head = _read_memo(memo, rows_too=False)
-        if head is None or not os.path.isdir(head.get("root", "")):
-            memo.unlink(missing_ok=True)
+    head = {"version": MEMO_VERSION, "owner": str(Path(root).resolve()), "digest": digest}
+    memo_file.write(path, head, json.dumps(rows).encode())
 
 
 def tree_digest(root, names):
@@ -124,8 +102,8 @@ def tree_digest(root, names):
     rows = _stat_rows(files)
     path = memo_path(root, names)
     memo = _read_memo(path)
-    if memo is not None and memo.get("files") == rows:
-        return memo["digest"]
+    if memo is not None and memo[1] == rows:
+        return memo[0]
     started = time.time_ns()
     digest = hash_files(files)
     if all(max(row[2], row[3]) < started - RACY_NS for row in rows):

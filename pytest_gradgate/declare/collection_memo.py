@@ -10,19 +10,19 @@ return now, and an edit of the file or of the loader is a miss.
 
 Only a load without errors is kept: a file with mistakes is read again every time, so the
 errors shown are always this run's own. There is one memo per case file and session kind
-(its name says which, the key inside it says for what content); the memos of files that
-are gone are dropped whenever one is written.
+(its name says which, the key inside it says for what content); memo_file.py writes it and
+drops the memos of files that are gone.
 """
 
 import contextlib
 import functools
 import hashlib
 import json
-import os
 import pickle
 import sys
 from pathlib import Path
 
+from pytest_gradgate.build import memo_file
 from pytest_gradgate.build.cache import cache_root
 from pytest_gradgate.build.tree_digest import tree_digest
 
@@ -75,20 +75,14 @@ def _load(path, session_backends, builtin, text=None):
     return load_file(path, session_backends, builtin=builtin, text=text)
 
 
-# A memo: one line of JSON ({version, path, key}), then the pickle of the loaded cases. The
-# first line alone says whose memo it is and for what content.
-def _read(where, key, whole=True):
+# The memo's body is the pickle of the loaded cases (see memo_file.py for its head).
+def _read(where, key):
+    found = memo_file.read(where, MEMO_VERSION)
+    if found is None or found[0].get("key") != key:
+        return None
     try:
-        with open(where, "rb") as handle:
-            head = json.loads(handle.readline())
-            if not isinstance(head, dict) or head.get("version") != MEMO_VERSION:
-                return None
-            if not whole:
-                return head
-            if head.get("key") != key:
-                return None
-            loaded = pickle.load(handle)
-    except Exception:   # noqa: BLE001  unreadable, truncated, or of classes since changed: no memo
+        loaded = pickle.loads(found[1])
+    except Exception:   # noqa: BLE001  truncated, or of classes since changed: no memo
         return None
     return loaded, []
 
@@ -98,24 +92,8 @@ def _write(where, path, key, loaded):
         for case in entry.cases:
             with contextlib.suppress(Exception):
                 case.op  # noqa: B018  (a cached_property: asking fills it)
-    tmp = where.with_name(f".tmp-{os.getpid()}-{where.name}")
     try:
         data = pickle.dumps(loaded, protocol=pickle.HIGHEST_PROTOCOL)
-        where.parent.mkdir(parents=True, exist_ok=True)
-        _prune(where.parent)
-        head = json.dumps({"version": MEMO_VERSION, "path": str(path), "key": key}).encode()
-        tmp.write_bytes(head + b"\n" + data)
-        os.replace(tmp, where)   # a reader sees the old memo or the new one, whole
-    except Exception:   # noqa: BLE001  a memo that cannot be written is no memo
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-
-
-def _prune(folder):
-    for memo in folder.glob("*.pickle"):
-        if memo.name.startswith(".tmp-"):   # another process's, being written
-            continue
-        head = _read(memo, None, whole=False)
-        if head is None or not os.path.isfile(head.get("path", "")):
-            with contextlib.suppress(OSError):
-                memo.unlink()
+    except Exception:   # noqa: BLE001  something in a case that does not pickle: no memo
+        return
+    memo_file.write(where, {"version": MEMO_VERSION, "owner": str(path), "key": key}, data)
