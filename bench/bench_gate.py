@@ -35,9 +35,10 @@ timed on an empty folder, in one process and with -n 2: a floor that neither the
 the engine can lower (on a machine with PYTHONDONTWRITEBYTECODE=1, it includes pytest
 compiling and rewriting every plugin's modules, e.g. all of hypothesis when its plugin is
 installed, in each process).
-   The same pytest is also timed on as many empty test items as the gate had, with the
-   same outcomes (passed, skipped, xfailed): what pytest and pytest-xdist spend per item
-   whatever a plugin does. Of the CPU a gate run spends over the Runner alone, the report
+   The same pytest is also timed on as many empty items as the gate had, of the gate's kind
+   (pytest.Item subclasses, not Python functions, whose skips and xfails format no
+   traceback) and with the same outcomes (passed, skipped, xfailed): what pytest and
+   pytest-xdist spend per item of that kind whatever a plugin does. Of the CPU a gate run spends over the Runner alone, the report
    says how much that is and how much is left for the gate's own pytest layer.
 4. Where Hypothesis's pytest plugin is installed (this project's test extra brings it), 1, 2
    and 3 are also run with it blocked (-p no:hypothesispytest), side by side with the runs above:
@@ -99,23 +100,76 @@ def pytest_run(folder, extra, split=False):
     return wall, sum(c.get("duration") or 0.0 for c in cases), len(cases), code, cpu, outcomes, spread
 
 
-# how an empty test reaches each outcome the gate's items have, the way the gate's items
-# reach it (gate/items.py: pytest.skip, pytest.xfail, a failure without a Python traceback)
-EMPTY_BODIES = {"passed": "pass", "skipped": "pytest.skip('floor')", "xfailed": "pytest.xfail('floor')",
-                "failed": "pytest.fail('floor', pytrace=False)"}
+# Empty items of the gate's kind: pytest.Item subclasses (not Python test functions) that reach
+# each outcome the way the gate's items do (gate/items.py): pytest.skip, pytest.xfail, and a
+# failure whose repr_failure is a string, so that no Python traceback is formatted. Python
+# functions would cost pytest more per item than the gate's items (fixtures, the call of the
+# function, a traceback formatted for every xfail) and flatter the gate: a floor must be what
+# pytest spends on items like the gate's whatever the gate does, no more.
+FLOOR_CONFTEST = """\
+import json
+
+import pytest
+
+OUTCOMES = json.loads({outcomes!r})
+
+
+class FloorFailure(Exception):
+    pass
+
+
+class FloorItem(pytest.Item):
+    def __init__(self, *, outcome, **kwargs):
+        super().__init__(**kwargs)
+        self.outcome = outcome
+
+    def runtest(self):
+        if self.outcome == "skipped":
+            pytest.skip("floor")
+        if self.outcome == "xfailed":
+            pytest.xfail("floor")
+        if self.outcome == "failed":
+            raise FloorFailure("floor")
+
+    def repr_failure(self, excinfo):
+        return str(excinfo.value)
+
+    def reportinfo(self):
+        return self.path, 0, self.name
+
+
+class FloorFile(pytest.File):
+    def collect(self):
+        for outcome, n in sorted(OUTCOMES.items()):
+            for i in range(n):
+                yield FloorItem.from_parent(self, name=f"{{outcome}}[{{i}}]", outcome=outcome)
+
+
+def pytest_collect_file(file_path, parent):
+    if file_path.name == "floor.items":
+        return FloorFile.from_parent(parent, path=file_path)
+"""
+
+
+def write_items_floor(folder, outcomes):
+    """Write the floor's conftest.py and item file into `folder`, for {outcome: items}; any
+    outcome but passed, skipped and xfailed (an error) becomes a failure, red as it was.
+    Returns the name of the file to collect."""
+    counts = {}
+    for outcome, n in outcomes.items():
+        key = outcome if outcome in ("passed", "skipped", "xfailed") else "failed"
+        counts[key] = counts.get(key, 0) + n
+    (Path(folder) / "conftest.py").write_text(FLOOR_CONFTEST.format(outcomes=json.dumps(counts)))
+    (Path(folder) / "floor.items").write_text("")
+    return "floor.items"
 
 
 def items_floor(folder, outcomes, extra):
-    """(wall s, CPU s) of the same pytest running as many empty tests as the gate had items,
-    with the same outcomes: what pytest (and pytest-xdist) cost for that many items, which no
-    plugin can lower."""
-    lines = ["import pytest", ""]
-    for outcome, n in sorted(outcomes.items()):
-        lines += [f"@pytest.mark.parametrize('i', range({n}))", f"def test_{outcome}(i):",
-                  f"    {EMPTY_BODIES[outcome]}", ""]
-    path = Path(folder) / "test_floor.py"
-    path.write_text("\n".join(lines))
-    wall, cpu, _, _ = timed([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra, path.name], folder)
+    """(wall s, CPU s) of the same pytest running as many empty items of the gate's kind as
+    the gate had items, with the same outcomes: what pytest (and pytest-xdist) cost for that
+    many such items, which no plugin can lower."""
+    name = write_items_floor(folder, outcomes)
+    wall, cpu, _, _ = timed([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra, name], folder)
     return wall, cpu
 
 

@@ -133,3 +133,19 @@ def test_the_timeline_splits_each_run_before_among_and_after_its_items(capsys):
     assert summary == ("-n 2, where the wall time goes (medians): before the first item's report 0.80 s (the Runner "
                        "alone: its first worker up with one case, 0.20 s); from the first report to the last 5.20 s "
                        "(the Runner alone's cases after that: 4.80 s); after the last report, to the exit, 0.20 s")
+
+
+def test_the_items_floor_is_items_of_the_gates_kind_with_its_outcomes(tmp_path):
+    """bench_gate.py's per-item floor: pytest.Item subclasses, not Python test functions (whose
+    fixtures and xfail tracebacks cost pytest more than the gate's items do, and flattered the
+    gate), each outcome reached without a traceback; an error counts as a failure."""
+    import bench_gate
+    name = bench_gate.write_items_floor(tmp_path, {"passed": 2, "skipped": 1, "xfailed": 2, "error": 1})
+    run = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", name]
+    listed = subprocess.run(run + ["--collect-only", "-q"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    ids = [line for line in listed.stdout.splitlines() if "::" in line]
+    assert ids == ["floor.items::failed[0]", "floor.items::passed[0]", "floor.items::passed[1]",
+                   "floor.items::skipped[0]", "floor.items::xfailed[0]", "floor.items::xfailed[1]"], listed.stdout
+    proc = subprocess.run(run + ["-rA"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "1 failed, 2 passed, 1 skipped, 2 xfailed" in proc.stdout, proc.stdout[-2000:]
+    assert "Traceback" not in proc.stdout and "raise FloorFailure" not in proc.stdout, proc.stdout[-2000:]
