@@ -24,7 +24,8 @@ without them (geometric mean, worst op). The HEADLINE is the least flattering of
 the same forward graph (the shim's gg_bare_compute_seconds: plan made once, one thread,
 nothing written or read) against our numeric loop (the engine's numeric phase over its
 evaluations) and against the whole engine (everything the case did inside its child over the
-same evaluations); the HEADLINE per evaluation is the whole engine's. Then start-up times,
+same evaluations), one case at a time with each case's bare compute measured right before and
+right after its own run; the HEADLINE per evaluation is the whole engine's. Then start-up times,
 isolation overhead per case, peak memory (wait4 of each side's process tree), build times,
 and our whole built-in suite (cases.yaml + cases_fast.yaml).
 """
@@ -110,6 +111,15 @@ def _run_ours_child(spec_path):
         for r in runners[1:]:
             r.run(warm)                       # warm the other workers too (not timed)
         results = [None] * len(cases)
+        # bare_between: each full-mode case's bare compute, in this process, right before and
+        # right after its run (see per_evaluation_alone)
+        bare_lib = None
+        if spec.get("bare_between"):
+            from pytest_gradgate.build import binding
+            bare_lib = binding.load(spec["library"])
+            if not hasattr(bare_lib, "gg_bare_compute_seconds"):
+                bare_lib = None
+        bare = [[] for _ in cases]
         # each worker takes the next case when it is free, as the gate's threads and xdist's
         # scheduler do (a fixed split left one worker idle at the end while the other ran long cases)
         upcoming = iter(range(len(cases)))
@@ -122,7 +132,12 @@ def _run_ours_child(spec_path):
                 if i is None:
                     return
                 run = runners[k].run
+                measure_bare = bare_lib is not None and cases[i].mode == "full"
+                if measure_bare:    # one worker: nothing else runs while it is measured
+                    bare[i].append(bare_forward_seconds(cases[i], bare_lib, budget_s=BARE_BETWEEN_BUDGET_S))
                 results[i] = run(cases[i], fresh=True) if i in fresh else run(cases[i])
+                if measure_bare:
+                    bare[i].append(bare_forward_seconds(cases[i], bare_lib, budget_s=BARE_BETWEEN_BUDGET_S))
         started = time.perf_counter()
         threads = [threading.Thread(target=work, args=(k,)) for k in range(jobs)]
         for t in threads:
@@ -130,7 +145,7 @@ def _run_ours_child(spec_path):
         for t in threads:
             t.join()
         out["wall_s"] = time.perf_counter() - started
-        for r in results:
+        for i, r in enumerate(results):
             out["statuses"][r.status] = out["statuses"].get(r.status, 0) + 1
             # what the engine's own clock says (inside the child): for the per-evaluation figures
             # (getattr: the bench also times an older engine, for before-and-after figures)
@@ -139,6 +154,9 @@ def _run_ours_child(spec_path):
                                     "numeric_lane_s": timings.get("numeric-lane-cpu-seconds"), "lanes": getattr(r, "lanes", 1),
                                     "evaluations": getattr(r, "evaluations", 0),
                                     "evaluations_halved": getattr(r, "evaluations_halved", 0), "status": str(r.status)})
+            measured = [b for b in bare[i] if b is not None]
+            if len(measured) == 2:
+                out["per_case"][-1]["bare_s"] = sum(measured) / 2
     finally:
         for r in runners:
             r.close()
@@ -146,16 +164,20 @@ def _run_ours_child(spec_path):
     return 0
 
 
-def run_ours(cases, library, jobs, isolate="case", env=None, warm=0, fresh=()):
+def run_ours(cases, library, jobs, isolate="case", env=None, warm=0, fresh=(), bare_between=False):
     """(timings dict, peak RSS in KiB of the child's tree) for our Runner on these cases;
     `env`: more environment for the bench child (and so for its workers); `warm`: the index of
     the case that starts each worker (run once more, untimed, on every worker but the first);
-    `fresh`: indexes of the cases expected red (Runner.run's fresh).
+    `fresh`: indexes of the cases expected red (Runner.run's fresh); `bare_between` (one job):
+    each full-mode case's bare compute measured in the child right before and after its run,
+    their mean in its per_case entry's "bare_s".
     timings["cpu_s"]: the CPU seconds of the bench child and every process under it (its
     start included)."""
+    if bare_between and jobs != 1:
+        raise ValueError("bare_between needs one worker: the bare computes must run alone")
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as spec:
         json.dump({"cases": [c.to_dict() for c in cases], "library": str(library), "jobs": jobs,
-                   "isolate": isolate, "warm": warm, "fresh": list(fresh)}, spec)
+                   "isolate": isolate, "warm": warm, "fresh": list(fresh), "bare_between": bare_between}, spec)
     try:
         _, usage, code, text = run_measured([sys.executable, str(Path(__file__).resolve()), "--run-ours", spec.name],
                                             env=dict(os.environ, **(env or {})))
@@ -198,6 +220,10 @@ def isolation_overhead(library, n=40):
     finally:
         runner.close()
     return inproc * 1e3, isolated * 1e3
+
+
+# each side of a case's run (bare_between): 3 batches this long before it and 3 after
+BARE_BETWEEN_BUDGET_S = 0.05
 
 
 def bare_forward_seconds(case, lib, budget_s=0.05):
@@ -251,7 +277,8 @@ def per_evaluation(cases, per_case, library):
     for case, timing in zip(cases, per_case):
         if case.mode != "full" or not timing["evaluations"] or not timing["numeric_s"]:
             continue
-        per_eval = bare_forward_seconds(case, lib)
+        # measured around the case's own run where the bench child did (bare_between), else now
+        per_eval = timing["bare_s"] if "bare_s" in timing else bare_forward_seconds(case, lib)
         if per_eval is None:
             continue
         # per evaluation, time is each evaluation's own: over lanes (check/lanes.py), the
@@ -272,12 +299,14 @@ def per_evaluation(cases, per_case, library):
 
 def per_evaluation_alone(cases, library, repeat, isolate="case"):
     """per_evaluation's figures with both sides alone on the machine: one case at a time, its
-    finite differences on one lane, and each repetition's bare computes measured right after
-    its run (the machine's speed drifts between runs by more than the gap measured). Returns
-    the repetitions' figures, in order."""
+    finite differences on one lane, and each case's bare compute measured right before and
+    right after its own run, in the bench child, their mean against it: the machine's speed
+    drifts within a run of the suite by more than the gap measured (one bare measurement
+    after the whole run left the numeric loop at 0.75-1.25x of it, faster than a bare compute
+    in some repetitions). Returns the repetitions' figures, in order."""
     reps = []
     for _ in range(repeat):
-        ours, _ = run_ours(cases, library, 1, isolate=isolate, env={"GRADGATE_FD_LANES": "1"})
+        ours, _ = run_ours(cases, library, 1, isolate=isolate, env={"GRADGATE_FD_LANES": "1"}, bare_between=True)
         figures = per_evaluation(cases, ours["per_case"], library)
         if figures is None:
             return None
@@ -572,7 +601,7 @@ def _bench(args):
               f"numeric loop: perturb, compute, read the loss, its Python call; the whole engine: graphs, allocation, "
               f"backward, power probe, self-check, compare, everything inside the forked child):")
         ratios = {k: [r[k] / r["bare"] for r in alone] for k in ("numeric", "engine")}
-        print(f"  both alone (one case at a time, one lane; each repetition's bare right after its run), "
+        print(f"  both alone (one case at a time, one lane; each case's bare right before and after its run), "
               f"{len(alone)} repetitions: bare {statistics.median(r['bare'] for r in alone) * 1e6:.1f} us; numeric loop "
               f"{spread(ratios['numeric'])}; whole engine {spread(ratios['engine'])}")
         fresh_ratios = None

@@ -71,6 +71,26 @@ def test_bare_compute_time_grows_with_the_graph_and_the_engine_counts_its_evalua
     assert evals["halved"] == 0 and evals["engine_all_ratio"] == pytest.approx(evals["engine"] / evals["bare"])
 
 
+def test_per_evaluation_measures_each_full_mode_cases_bare_compute_around_its_own_run(default_build):
+    """The bench child times a case's bare compute right before and after the case (its mean in
+    "bare_s"), and per_evaluation takes that one: a bare compute measured once after the whole
+    run drifted with the machine, which left the numeric loop faster than a bare compute."""
+    import bench_reference
+    from pytest_gradgate.declare.case import Case
+    full = Case(name="full", graph="sqr(a)", params={"a": [4]})
+    fast = Case(name="fast", graph="sqr(a)", params={"a": [4]}, mode="fast")
+    ours, _ = bench_reference.run_ours([full, fast], default_build.library, 1, bare_between=True)
+    timing_full, timing_fast = ours["per_case"]
+    assert timing_full["bare_s"] > 0 and "bare_s" not in timing_fast, ours["per_case"]
+    evals = bench_reference.per_evaluation([full, fast], ours["per_case"], default_build.library)
+    assert evals["counted"] == 1
+    assert evals["bare"] == pytest.approx(timing_full["bare_s"])   # not measured again afterwards
+    plain, _ = bench_reference.run_ours([full], default_build.library, 1)
+    assert "bare_s" not in plain["per_case"][0]
+    with pytest.raises(ValueError, match="bare_between needs one worker"):
+        bench_reference.run_ours([full, full], default_build.library, 2, bare_between=True)
+
+
 def test_bench_reference_prints_both_ratios_and_the_per_evaluation_figure(default_build):
     """One op, one repetition: the figures' lines are there (their values are the bench's business)."""
     proc = subprocess.run([sys.executable, str(BENCH / "bench_reference.py"), "--ops", "SQR", "--max-cases", "2",
