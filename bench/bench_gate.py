@@ -23,7 +23,10 @@
    came in, the first and the last report arrived and the session finished; then, as medians,
    where the wall time goes: before the first item's report (against the Runner alone's
    first worker start with one case), from the first report to the last (against the Runner
-   alone's cases), and after the last.
+   alone's cases), and after the last. It also prints, as medians, each pytest process's own CPU
+   seconds to its session's finish (the controller's; an xdist worker's, sent back through
+   xdist's workeroutput) and what the rest of the run's tree spent: the case workers, their
+   children and every process's end. The floor's run of empty items under -n N gets the same.
 Each pytest run is compared with the Runner alone run right before it and right after it
 (their mean; consecutive pytest runs share the one between them), so that a drift of the
 machine's speed cancels; the figures are medians (and ranges) of each repetition's ratio.
@@ -76,6 +79,23 @@ def timed(cmd, cwd, env=None):
     return wall, usage.ru_utime + usage.ru_stime, code, text
 
 
+def with_worker_split(cmd, split_file):
+    """(cmd, env) that load worker_split.py into a pytest run, writing to split_file."""
+    path = os.pathsep.join(p for p in (str(BENCH_DIR), os.environ.get("PYTHONPATH")) if p)
+    return cmd + ["-p", "worker_split"], dict(os.environ, PYTHONPATH=path, GRADGATE_BENCH_SPLIT=str(split_file))
+
+
+def by_process(splits):
+    """The medians over runs of worker_split's "cpu_s": (the controller's CPU s, one xdist worker's
+    (the median over all the runs' workers)); None where no run has them."""
+    cpus = [s.get("cpu_s") or {} for s in splits if s]
+    controller = [c["controller"] for c in cpus if "controller" in c]
+    workers = [v for c in cpus for k, v in c.items() if k != "controller"]
+    if not controller or not workers:
+        return None
+    return statistics.median(controller), statistics.median(workers)
+
+
 def pytest_run(folder, extra, split=False):
     """(wall s, the cases' durations summed, cases, exit code, CPU s of every process, {outcome: items},
     and with split=True, for a run under xdist, how its items went to the workers and when its
@@ -86,9 +106,7 @@ def pytest_run(folder, extra, split=False):
     env = None
     split_file = Path(folder) / "split.json"
     if split:
-        cmd += ["-p", "worker_split"]
-        path = os.pathsep.join(p for p in (str(BENCH_DIR), os.environ.get("PYTHONPATH")) if p)
-        env = dict(os.environ, PYTHONPATH=path, GRADGATE_BENCH_SPLIT=str(split_file))
+        cmd, env = with_worker_split(cmd, split_file)
     wall, cpu, code, text = timed(cmd, folder, env)
     if not report.is_file():
         raise SystemExit(f"pytest --gradgate did not write its report (exit {code}):\n{text[-2000:]}")
@@ -164,13 +182,18 @@ def write_items_floor(folder, outcomes):
     return "floor.items"
 
 
-def items_floor(folder, outcomes, extra):
-    """(wall s, CPU s) of the same pytest running as many empty items of the gate's kind as
-    the gate had items, with the same outcomes: what pytest (and pytest-xdist) cost for that
-    many such items, which no plugin can lower."""
+def items_floor(folder, outcomes, extra, split=False):
+    """(wall s, CPU s, worker_split's JSON with split=True, else None) of the same pytest running
+    as many empty items of the gate's kind as the gate had items, with the same outcomes: what
+    pytest (and pytest-xdist) cost for that many such items, which no plugin can lower."""
     name = write_items_floor(folder, outcomes)
-    wall, cpu, _, _ = timed([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra, name], folder)
-    return wall, cpu
+    cmd, env = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra, name], None
+    split_file = Path(folder) / "split.json"
+    if split:
+        split_file.unlink(missing_ok=True)
+        cmd, env = with_worker_split(cmd, split_file)
+    wall, cpu, _, _ = timed(cmd, folder, env)
+    return wall, cpu, (json.loads(split_file.read_text()) if split and split_file.is_file() else None)
 
 
 def pytest_floor(extra):
@@ -275,7 +298,8 @@ def main(argv=None):
                         runs = ahead[v] or two[v] or one[v]
                         outcomes_seen[v] = runs[-1][0][5] if runs else pytest_run(folder, extra + list(v))[5]
                     for k, mode in enumerate(([], ["-n", str(n)])):
-                        item_floors[v][k].append(items_floor(items_folder, outcomes_seen[v], mode + list(v)))
+                        item_floors[v][k].append(items_floor(items_folder, outcomes_seen[v], mode + list(v),
+                                                             split=bool(mode)))
 
     def med(values):
         return statistics.median(values)
@@ -329,6 +353,12 @@ def main(argv=None):
                           f"{name} {w['items']}, {w['call_s']:.1f} s, {w['done_s']:.1f} s" for name, w in
                           sorted(workers.items())) + f"; the last worker done {max(ends) - min(ends):.1f} s after the first")
         print_timeline(two[()], n)
+        procs = by_process([r[6] for r, _ in two[()]])
+        if procs is not None:
+            rest = field(two[()], 4) - procs[0] - n * procs[1]
+            print(f"-n {n}, CPU seconds by process (medians): the controller {procs[0]:.2f} s; each xdist worker "
+                  f"{procs[1]:.2f} s (its own process to its session's finish: its case worker not included); the "
+                  f"rest of the tree, {rest:.1f} s: the case workers and their children, and every process's end")
     if "floors" in parts:
         f1, f2 = floors[()]
 
@@ -372,6 +402,10 @@ def main(argv=None):
             print(f"pytest's floor with {sum(outcomes.values())} empty items of the gate's outcomes ({shown}; {label}): "
                   f"one process {med(f[0] for f in w1):.1f} s wall, {cpu1:.1f} CPU s; -n {n} {med(f[0] for f in w2):.1f} s "
                   f"wall, {cpu2:.1f} CPU s." + (f" The gate's CPU over the Runner alone's: {', '.join(over)}" if over else ""))
+            procs = by_process([f[2] for f in w2])
+            if procs is not None:
+                print(f"  the empty items under -n {n}, CPU seconds by process (medians): the controller {procs[0]:.2f} s; "
+                      f"each xdist worker {procs[1]:.2f} s (as for the gate's runs above)")
     blocked = bench_reference.NO_HYPOTHESIS
     if blocked in ahead:
         shown = []

@@ -136,6 +136,13 @@ def test_worker_split_counts_every_item_once_per_xdist_worker(tmp_path):
     # in the order a run goes through them, from the process's start
     order = ["session_s", "collected_s", "first_s", "last_s", "finish_s"]
     assert sorted(timeline, key=timeline.get) == order and timeline["session_s"] > 0, timeline
+    # each process's own CPU seconds: the workers' come back through xdist's workeroutput
+    cpu = split["cpu_s"]
+    assert set(cpu) == {"controller", "gw0", "gw1"} and all(v > 0 for v in cpu.values()), cpu
+    import bench_gate
+    controller, worker = bench_gate.by_process([split, None])
+    assert controller == cpu["controller"] and min(cpu[w] for w in workers) <= worker <= max(cpu[w] for w in workers)
+    assert bench_gate.by_process([None, {"workers": {}}]) is None
 
 
 def test_the_timeline_splits_each_run_before_among_and_after_its_items(capsys):
