@@ -43,8 +43,9 @@ def pytest_runtest_logreport(report):
     if report.when == "call" or report.outcome != "passed":
         longrepr = report.longrepr
         reason = longrepr[2] if isinstance(longrepr, tuple) else ""
+        where = list(longrepr[:2]) if isinstance(longrepr, tuple) else None
         reports.append({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
-                        "text": str(longrepr or ""), "reason": reason,
+                        "text": str(longrepr or ""), "reason": reason, "where": where,
                         "result": getattr(report, "gradgate_result", None)})
 
 def pytest_sessionfinish(session):
@@ -160,6 +161,8 @@ def test_every_item_ends_passed_failed_with_a_diagnosis_or_skipped_with_a_reason
             # gradient in this ggml: nothing was checked, and it says why
             assert r["reason"].startswith(("Skipped: no backward for ", "Skipped: backend cpu does not support ",
                                            "Skipped: consumer '", "Skipped: producer '")), (r["nodeid"], r["reason"])
+            # at the case's declaration (what -rs prints), not at the plugin's line that raised the skip
+            assert r["where"] == [str(BUILTIN), result["origin"]["line"]], (r["nodeid"], r["where"])
             if result["status"] == "consumer-failed":
                 assert result["kind"] == "consumer-fails" and "fails on its own" in r["reason"], r["nodeid"]
             if result["status"] == "producer-failed":

@@ -58,6 +58,8 @@ class CaseFile(pytest.File):
 class CaseItem(pytest.Item):
     # plugin.pytest_runtest_protocol sets gradgate_next: under xdist, the one item known to come next
     gradgate_wants_next = True
+    # plugin.pytest_runtest_makereport: a skip it decides is reported at the case's declaration
+    gradgate_skips_at_declaration = True
 
     def __init__(self, *, case, **kwargs):
         super().__init__(**kwargs)
@@ -125,16 +127,19 @@ class InvalidCaseItem(pytest.Item):
 
 
 class NotBuiltItem(pytest.Item):
-    """A case for backends this run does not build (a cuda-only case on a CPU run): a skip
-    that says where it is declared and how to run it."""
+    """A case for backends this run does not build (a cuda-only case on a CPU run): a skip,
+    reported where it is declared, that says how to run it."""
+
+    gradgate_skips_at_declaration = True
 
     def __init__(self, *, entry, backends, **kwargs):
         super().__init__(**kwargs)
         self.entry, self.backends = entry, backends
 
     def runtest(self):
-        pytest.skip(f"{self.entry.path}:{self.entry.line}: case '{self.entry.name}' is for other backends than "
-                    f"this run's ({', '.join(self.backends)}); run it with --gradgate-backend cuda or all")
+        # (reported at the case's file:line: plugin.pytest_runtest_makereport)
+        pytest.skip(f"case '{self.entry.name}' is for other backends than this run's ({', '.join(self.backends)}); "
+                    "run it with --gradgate-backend cuda or all")
 
     def reportinfo(self):
         return self.path, self.entry.line - 1, f"{self.entry.name} (not built)"
