@@ -131,6 +131,8 @@ def _sets(a, b, steps=1000.0):
     # most values read from other places, a quarter summed with others (a cached prefix read twice)
     ("wrong-positions", lambda g, rng: np.where(np.arange(g.size) % 4 == 0, g[::-1] + g, g[rng.permutation(g.size)])),
     ("disagree", lambda g, rng: rng.normal(0, g.std(), g.size)),
+    # 0.1% spread over the elements: cosine 1 and a = 1 x b, which was called a wrong scale
+    ("disagree", lambda g, rng: g * (1 + rng.normal(0, 1e-3, g.size))),
 ])
 def test_each_kind_of_wrong_is_told_apart_and_the_limit_has_room_for_roundoff_only(kind, make):
     """On 131,072 values (V's gradient at 1.5B head sizes) with the 1.5B walk's step count. The

@@ -126,7 +126,11 @@ def diagnose(a, b, m, labels):
         k = float(a @ b / max(b @ b, 1e-300))
         if abs(k + 1) < 0.01:
             return Diagnosis.WRONG_SIGN, f"wrong sign: {la} = -{lb}"
-        return Diagnosis.WRONG_SCALE, f"wrong scale: {la} = {k:.4g} x {lb} (cosine {cos:.4f})"
+        # only a scale whose undoing makes the two agree (as metrics.diagnose)
+        if k != 0 and compare_values(a / k, b, m["limit"], [a.size, 1, 1, 1])["passed"]:
+            return Diagnosis.WRONG_SCALE, f"wrong scale: {la} = {k:.4g} x {lb} (cosine {cos:.4f})"
+        return Diagnosis.DISAGREE, (f"values disagree by an error spread over the elements, with no wrong scale, sign "
+                                    f"or positions behind it (cosine {cos:.6f}, {la} = {k:.6g} x {lb})")
     for x, y, lx, ly in ((a, b, la, lb), (b, a, lb, la)):
         found, chance = _recurring(x, y)
         if found - chance >= MIN_RECURRING and found >= RECURRING_OVER_CHANCE * chance:

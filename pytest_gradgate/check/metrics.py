@@ -223,7 +223,12 @@ def diagnose(analytic, numeric, noise, metrics, max_maa, reads="the incoming gra
         k = float(a @ n / max(n @ n, TINY))
         if abs(k + 1) < 0.01:
             return Diagnosis.WRONG_SIGN, "wrong sign: analytic = -numeric"
-        return Diagnosis.WRONG_SCALE, f"wrong scale: analytic = {k:.4g} x numeric (cosine {cos:.4f})"
+        # a scale is the wrong only where undoing it makes the two agree: an error spread over
+        # the elements (CUDA's f32 matmuls in TF32, seen on an H200) also has cosine 1 and k = 1
+        if k != 0 and verdict(a / k, n, noise, max_maa)[1]:
+            return Diagnosis.WRONG_SCALE, f"wrong scale: analytic = {k:.4g} x numeric (cosine {cos:.4f})"
+        return Diagnosis.DISAGREE, (f"values disagree by an error spread over the elements, with no wrong scale, sign "
+                                    f"or positions behind it (cosine {cos:.6f}, analytic = {k:.6g} x numeric)")
     return Diagnosis.DISAGREE, f"values disagree (cosine {cos:.3f}, norm ratio {metrics['norm_ratio']:.3g})"
 
 
