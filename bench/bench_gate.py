@@ -96,6 +96,23 @@ def by_process(splits):
     return statistics.median(controller), statistics.median(workers)
 
 
+HOOKS = ("protocol", "setup", "call", "teardown", "makereport", "logreport")
+
+
+def by_hook(splits):
+    """The medians over runs and xdist workers of worker_split's "hook_cpu_s": {hook: CPU s of
+    one worker's main thread in it}; None where no run has them."""
+    per_worker = [w for s in splits if s for w in (s.get("hook_cpu_s") or {}).values()]
+    if not per_worker:
+        return None
+    return {h: statistics.median(w.get(h, 0.0) for w in per_worker) for h in HOOKS}
+
+
+def hooks_text(*columns):
+    """'protocol 0.43 / 0.19 s; setup ...': one figure per column (by_hook's dicts) and hook."""
+    return "; ".join(f"{h} " + " / ".join(f"{c[h]:.3f}" for c in columns) + " s" for h in HOOKS)
+
+
 def pytest_run(folder, extra, split=False):
     """(wall s, the cases' durations summed, cases, exit code, CPU s of every process, {outcome: items},
     and with split=True, for a run under xdist, how its items went to the workers and when its
@@ -359,6 +376,10 @@ def main(argv=None):
             print(f"-n {n}, CPU seconds by process (medians): the controller {procs[0]:.2f} s; each xdist worker "
                   f"{procs[1]:.2f} s (its own process to its session's finish: its case worker not included); the "
                   f"rest of the tree, {rest:.1f} s: the case workers and their children, and every process's end")
+        gate_hooks = by_hook([r[6] for r, _ in two[()]])
+        if gate_hooks is not None:
+            print(f"-n {n}, CPU seconds of each xdist worker's main thread inside pytest's runtest hooks (medians; "
+                  f"a wait for a case spends none): {hooks_text(gate_hooks)}")
     if "floors" in parts:
         f1, f2 = floors[()]
 
@@ -406,6 +427,12 @@ def main(argv=None):
             if procs is not None:
                 print(f"  the empty items under -n {n}, CPU seconds by process (medians): the controller {procs[0]:.2f} s; "
                       f"each xdist worker {procs[1]:.2f} s (as for the gate's runs above)")
+            floor_hooks = by_hook([f[2] for f in w2])
+            gate_hooks = by_hook([r[6] for r, _ in two[v]]) if two[v] else None
+            if floor_hooks is not None and gate_hooks is not None:
+                # the same pytest code, per hook: what it costs beside the cases' compute, against alone
+                print(f"  each xdist worker's main thread inside pytest's runtest hooks, CPU s (medians; the gate's "
+                      f"run / the empty items'): {hooks_text(gate_hooks, floor_hooks)}")
     blocked = bench_reference.NO_HYPOTHESIS
     if blocked in ahead:
         shown = []

@@ -15,6 +15,12 @@ xdist's workeroutput). Writes JSON to $GRADGATE_BENCH_SPLIT:
   each worker (by its id), each its own process's alone, from its start to its session's
   finish: its case workers, their children and its exit are not in it. What a run's whole
   tree spent beyond these (bench_gate.py measures the tree) is the case workers' and the ends'.
+- "hook_cpu_s": {worker: {hook: CPU s}}: each worker's main thread's CPU seconds
+  (time.thread_time) inside pytest's runtest hooks, over all its items: the whole protocol and,
+  apart, its setup, call, teardown, makereport and logreport (xdist's send of each report).
+  A wait does not count (a blocked thread spends no CPU): the gate's call is its own work
+  around the wait for its case. The same for a run of empty items tells what each hook costs
+  pytest and xdist whatever the items do.
 """
 
 import json
@@ -28,6 +34,8 @@ _started = time.perf_counter()
 _split = {}
 _cpu = {}
 CPU_KEY = "gradgate_bench_cpu_s"
+HOOKS_KEY = "gradgate_bench_hook_cpu_s"
+_hooks = {}
 
 
 def _own_cpu_s():
@@ -84,9 +92,55 @@ def pytest_runtest_logreport(report):
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
     # the controller's, as a worker finishes: what it sent back at its session's finish
-    cpu = getattr(node, "workeroutput", {}).get(CPU_KEY)
-    if cpu is not None:
-        _cpu[node.gateway.id] = cpu
+    output = getattr(node, "workeroutput", {})
+    if output.get(CPU_KEY) is not None:
+        _cpu[node.gateway.id] = output[CPU_KEY]
+    if output.get(HOOKS_KEY) is not None:
+        _hooks[node.gateway.id] = output[HOOKS_KEY]
+
+
+class HookCPU:
+    """In an xdist worker: the main thread's CPU seconds inside each runtest hook, outermost
+    (tryfirst wrappers: every other implementation of the hook runs inside)."""
+
+    def __init__(self):
+        self.spent = {}
+
+    def _timed(self, name):
+        started = time.thread_time()
+        try:
+            return (yield)
+        finally:
+            self.spent[name] = self.spent.get(name, 0.0) + time.thread_time() - started
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        return (yield from self._timed("protocol"))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item):
+        return (yield from self._timed("setup"))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_call(self, item):
+        return (yield from self._timed("call"))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(self, item, nextitem):
+        return (yield from self._timed("teardown"))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(self, item, call):
+        return (yield from self._timed("makereport"))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_logreport(self, report):
+        return (yield from self._timed("logreport"))
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):
+        config.pluginmanager.register(HookCPU(), "worker-split-hook-cpu")
 
 
 def pytest_sessionfinish(session):
@@ -94,10 +148,13 @@ def pytest_sessionfinish(session):
     if hasattr(config, "workerinput"):
         # before xdist sends its workerfinished event, which carries workeroutput
         config.workeroutput[CPU_KEY] = _own_cpu_s()
+        timer = config.pluginmanager.get_plugin("worker-split-hook-cpu")
+        config.workeroutput[HOOKS_KEY] = dict(timer.spent) if timer is not None else {}
         return
     path = os.environ.get("GRADGATE_BENCH_SPLIT")
     if path:
         _mark("finish_s")
         _cpu["controller"] = _own_cpu_s()
         with open(path, "w") as f:
-            json.dump({"workers": _split, "timeline": _timeline, "cpu_s": _cpu}, f, sort_keys=True)
+            json.dump({"workers": _split, "timeline": _timeline, "cpu_s": _cpu, "hook_cpu_s": _hooks}, f,
+                      sort_keys=True)

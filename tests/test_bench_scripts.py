@@ -143,6 +143,16 @@ def test_worker_split_counts_every_item_once_per_xdist_worker(tmp_path):
     controller, worker = bench_gate.by_process([split, None])
     assert controller == cpu["controller"] and min(cpu[w] for w in workers) <= worker <= max(cpu[w] for w in workers)
     assert bench_gate.by_process([None, {"workers": {}}]) is None
+    # each worker's main thread's CPU in the runtest hooks, also through workeroutput: the
+    # protocol holds its parts
+    hooks = split["hook_cpu_s"]
+    assert set(hooks) == set(workers) and all(set(h) == set(bench_gate.HOOKS) for h in hooks.values()), hooks
+    for h in hooks.values():
+        assert h["protocol"] >= h["setup"] + h["call"] + h["teardown"] > 0, h
+    medians = bench_gate.by_hook([split, None])
+    assert medians["protocol"] == pytest.approx(sorted(h["protocol"] for h in hooks.values())[len(hooks) // 2]
+                                                if len(hooks) % 2 else sum(h["protocol"] for h in hooks.values()) / 2)
+    assert "protocol " in bench_gate.hooks_text(medians, medians) and bench_gate.by_hook([None]) is None
 
 
 def test_the_timeline_splits_each_run_before_among_and_after_its_items(capsys):
