@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_gradgate.build.cache import cache_root
-from pytest_gradgate.build.source import copy_tree, default_ggml_root
+from pytest_gradgate.library.cache import cache_root
+from pytest_gradgate.library.source import copy_tree, default_ggml_root
 
 PROBE = '''
 import time
@@ -34,7 +34,7 @@ import pytest
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session):
-    from pytest_gradgate.build import binding
+    from pytest_gradgate.library import binding
     from pytest_gradgate.plugin import state_of
     # the plugin finds its build when the first case runs (there are none here): find it now
     lib = binding.load(state_of(session.config).ensure_build().library)

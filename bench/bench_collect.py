@@ -4,7 +4,7 @@ the memos that carry it from one process to the next and without them.
     python bench/bench_collect.py [--repeat 9]
 
 1. The build's cache key for the default ggml, in this process: cache_key() with the tree's
-   digest taken from its stat memo (build/tree_digest.py), against the same key with the
+   digest taken from its stat memo (library/tree_digest.py), against the same key with the
    tree hashed (1,100 files, 19 MB), as it was for every process before the memo. Both
    include the compiler identity (two `--version` runs), which the memo does not carry.
 2. `pytest --gradgate --collect-only -q` of the built-in suite in an empty folder, start to
@@ -27,9 +27,9 @@ import sys
 import tempfile
 import time
 
-from pytest_gradgate.build import tree_digest
-from pytest_gradgate.build.cmake import BuildOptions, cache_key
-from pytest_gradgate.build.source import default_ggml_root
+from pytest_gradgate.library import tree_digest
+from pytest_gradgate.library.cmake import BuildOptions, cache_key
+from pytest_gradgate.library.source import default_ggml_root
 from pytest_gradgate.declare import collection_memo
 
 COLLECTED = re.compile(r"(\d+) tests? collected in ([0-9.]+)s")

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 import pytest_gradgate
-from pytest_gradgate.build.cmake import BuildOptions, ensure_build
-from pytest_gradgate.build.source import default_ggml_root, resolve_source
+from pytest_gradgate.library.cmake import BuildOptions, ensure_build
+from pytest_gradgate.library.source import default_ggml_root, resolve_source
 from pytest_gradgate.declare.loader import load_file
 from pytest_gradgate.isolation.parent import Runner
 

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from ggml_variants import UNCAUGHT_VARIANTS, make_variant  # noqa: E402
 
-from pytest_gradgate.build.cache import cache_root  # noqa: E402
-from pytest_gradgate.build.cmake import BuildOptions, ensure_build  # noqa: E402
-from pytest_gradgate.build.source import default_ggml_root  # noqa: E402
+from pytest_gradgate.library.cache import cache_root  # noqa: E402
+from pytest_gradgate.library.cmake import BuildOptions, ensure_build  # noqa: E402
+from pytest_gradgate.library.source import default_ggml_root  # noqa: E402
 from pytest_gradgate.declare.expr import ops_used, parse_graph  # noqa: E402
 from pytest_gradgate.explore import findings, search  # noqa: E402
 from pytest_gradgate.gate.baseline import Baseline  # noqa: E402

@@ -65,9 +65,9 @@ import tempfile
 from pathlib import Path
 
 import bench_reference
-from pytest_gradgate.build.cmake import ensure_build
-from pytest_gradgate.build.options import BuildOptions
-from pytest_gradgate.build.source import resolve_source
+from pytest_gradgate.library.cmake import ensure_build
+from pytest_gradgate.library.options import BuildOptions
+from pytest_gradgate.library.source import resolve_source
 
 
 BENCH_DIR = Path(__file__).resolve().parent

@@ -32,12 +32,12 @@ import time
 from pathlib import Path
 
 import pytest_gradgate
-from pytest_gradgate.build import binding
-from pytest_gradgate.build.cmake import BuildOptions, ensure_build
+from pytest_gradgate.library import binding
+from pytest_gradgate.library.cmake import BuildOptions, ensure_build
 from pytest_gradgate.check.engine import run_case
 from pytest_gradgate.isolation.parent import Runner
 from pytest_gradgate.declare.loader import load_file
-from pytest_gradgate.build.source import resolve_source
+from pytest_gradgate.library.source import resolve_source
 
 SUITE = Path(pytest_gradgate.__file__).resolve().parent / "cases.yaml"
 TARGET_MS = 5.0

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import reference
 import pytest_gradgate
-from pytest_gradgate.build.cmake import BuildOptions, ensure_build
+from pytest_gradgate.library.cmake import BuildOptions, ensure_build
 from pytest_gradgate.declare.case import DEFAULT_THREADS, Case
 from pytest_gradgate.errors import GradgateError
 from pytest_gradgate.isolation.parent import Runner
@@ -56,7 +56,7 @@ except ImportError:     # an older pytest-gradgate (before-and-after figures) ru
     def long_first(cases):
         return list(cases)
 from pytest_gradgate.gate.selection import BUILTIN_FILES
-from pytest_gradgate.build.source import resolve_source
+from pytest_gradgate.library.source import resolve_source
 
 DEFAULT_OPS = ("SQR", "SQRT", "LOG", "SIN", "COS", "SUM", "MEAN", "SUM_ROWS", "REPEAT", "SCALE", "CONT", "DUP",
                "ADD", "NEG", "SOFTPLUS", "EXPM1", "SILU", "SWIGLU", "GEGLU", "SOFT_MAX", "MUL_MAT")
@@ -115,7 +115,7 @@ def _run_ours_child(spec_path):
         # right after its run (see per_evaluation_alone)
         bare_lib = None
         if spec.get("bare_between"):
-            from pytest_gradgate.build import binding
+            from pytest_gradgate.library import binding
             bare_lib = binding.load(spec["library"])
             if not hasattr(bare_lib, "gg_bare_compute_seconds"):
                 bare_lib = None
@@ -201,7 +201,7 @@ def select_cases(binary, op, max_cases):
 
 def isolation_overhead(library, n=40):
     """ms per case of isolate=case over running the engine in-process, on one small case."""
-    from pytest_gradgate.build import binding
+    from pytest_gradgate.library import binding
     from pytest_gradgate.check.engine import run_case
     case = Case(name="iso", graph="mul(a, b)", params={"a": [4, 3], "b": [4, 3]})
     lib = binding.load(library)
@@ -230,9 +230,9 @@ def bare_forward_seconds(case, lib, budget_s=0.05):
     """Seconds per bare ggml_graph_compute of `case`'s forward graph (the graph the numeric
     loop runs), one thread, values as the engine writes them: the median of 3 batches, each
     the mean of as many runs as fit in `budget_s`."""
-    from pytest_gradgate.build import binding
+    from pytest_gradgate.library import binding
     from pytest_gradgate.check import engine
-    from pytest_gradgate.check.engine import GraphBuilder, build_forward, graph_tensors, write_tensor
+    from pytest_gradgate.check.ggml_graph import GraphBuilder, build_forward, graph_tensors, write_tensor
     from pytest_gradgate.declare.expr import parse_graph
     lines = parse_graph(case.graph)
     g = GraphBuilder(lib, case, n_tensors=graph_tensors(case, lines))
@@ -268,7 +268,7 @@ def per_evaluation(cases, per_case, library):
     the whole engine's time against a bare compute of every evaluation, the halved step's too},
     summed over the full-mode cases that got through their numeric phase, each case's bare time
     weighted by its evaluations (per evaluation: those the stencil needs)."""
-    from pytest_gradgate.build import binding
+    from pytest_gradgate.library import binding
     lib = binding.load(library)
     if not hasattr(lib, "gg_bare_compute_seconds"):
         return None
@@ -401,7 +401,7 @@ def cold_build_seconds(root):
 def fast_mode_figures(default_root, progress=print):
     """Fast mode on one-million-element parameters: a correct op on the ggml under test, and the
     story's CONCAT (KV cache of 4096 tokens) on the concat-fixed and concat-buggy variants."""
-    from pytest_gradgate.build.cache import cache_root
+    from pytest_gradgate.library.cache import cache_root
     from ggml_variants import make_variant
     million = Case(name="silu_1m", graph="silu(a)", params={"a": [1024, 1024]}, mode="fast")
     kv = next(c for c in suite_cases() if c.name == "kv_cache_concat_1m")

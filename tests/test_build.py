@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 
 from ggml_variants import insert_before
-from pytest_gradgate.build.cmake import GGML_BUILD_INPUTS, BuildOptions, cache_key, ensure_build, find_build
-from pytest_gradgate.build.source import copy_tree
+from pytest_gradgate.library.cmake import GGML_BUILD_INPUTS, BuildOptions, cache_key, ensure_build, find_build
+from pytest_gradgate.library.source import copy_tree
 from pytest_gradgate.errors import BuildError
 
 # build (or find) the library for argv[1], load it, and say what happened, as JSON
 BUILD_AND_LOAD = """
 import json, os, sys, time
-from pytest_gradgate.build import binding
-from pytest_gradgate.build.cmake import BuildOptions, ensure_build
+from pytest_gradgate.library import binding
+from pytest_gradgate.library.cmake import BuildOptions, ensure_build
 if len(sys.argv) > 2:  # a start line shared with another builder: say ready, wait for "go"
     open(sys.argv[2] + f".ready-{os.getpid()}", "w").close()
     while not os.path.exists(sys.argv[2]):

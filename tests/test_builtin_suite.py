@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import pytest_gradgate
-from pytest_gradgate.build.cache import cache_root, file_lock
+from pytest_gradgate.library.cache import cache_root, file_lock
 from pytest_gradgate.declare.expr import ops_used, parse_graph
 from pytest_gradgate.declare.loader import load_file
 from pytest_gradgate.ops.table import OPS

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gradgate.build.cache import cache_root
+from pytest_gradgate.library.cache import cache_root
 from pytest_gradgate.check.outcome import Status
 from pytest_gradgate.declare.case import Case
 from pytest_gradgate.isolation import worker
@@ -258,7 +258,7 @@ def test_the_case_after_a_surprising_red_starts_fresh_and_after_an_expected_one_
 # warm-up (fork copies sys.modules), here in a process of its own so nothing of this test's leaks in
 _FRESH_CHILD_SCRIPT = """
 import json, os, sys
-from pytest_gradgate.build import binding
+from pytest_gradgate.library import binding
 from pytest_gradgate.check.engine import run_case
 from pytest_gradgate.declare.case import Case
 from pytest_gradgate.isolation.worker import ForkingRunner

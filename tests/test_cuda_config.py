@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gradgate.build.cmake import BuildOptions, cache_key, gpu_visible
+from pytest_gradgate.library.cmake import BuildOptions, cache_key, gpu_visible
 
 no_gpu = pytest.mark.skipif(gpu_visible(), reason="a GPU is visible here; these check the no-GPU behaviour")
 CUDA_90 = BuildOptions(backends=("cpu", "cuda"), cuda_arch="90")

@@ -1,4 +1,4 @@
-"""The parsed C declarations kept between processes (build/declarations.py), for real: fresh
+"""The parsed C declarations kept between processes (library/declarations.py), for real: fresh
 Python processes with their own cache folder, the session's built library, a real Runner."""
 
 import json
@@ -7,15 +7,15 @@ import subprocess
 import sys
 import time
 
-from pytest_gradgate.build import binding
-from pytest_gradgate.build.declarations import module_path
+from pytest_gradgate.library import binding
+from pytest_gradgate.library.declarations import module_path
 from pytest_gradgate.isolation.parent import Runner
 
 # load the library in a new process; say whether the declarations were parsed here (cffi's
 # parser imported) and what the library answers through the ffi it got
 LOAD = """
 import json, sys
-from pytest_gradgate.build import binding
+from pytest_gradgate.library import binding
 lib = binding.load(sys.argv[1])
 print(json.dumps({"parsed_here": "pycparser" in sys.modules, "version": binding.ggml_version(lib),
                   "abi": lib.gg_abi_version()}))

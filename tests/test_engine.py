@@ -6,12 +6,13 @@ import contextlib
 import numpy as np
 import pytest
 
-from pytest_gradgate.build.cmake import BuildOptions, ensure_build
+from pytest_gradgate.library.cmake import BuildOptions, ensure_build
 from pytest_gradgate.declare.case import Case
-from pytest_gradgate.check.engine import GraphBuilder, read_tensor, run_case, write_tensor
+from pytest_gradgate.check.engine import run_case
+from pytest_gradgate.check.ggml_graph import GraphBuilder, read_tensor, write_tensor
 from pytest_gradgate.isolation.parent import Runner
 from ggml_variants import replace_once
-from pytest_gradgate.build.source import copy_tree
+from pytest_gradgate.library.source import copy_tree
 
 from test_metrics import mean_abs_asymm
 
@@ -317,7 +318,7 @@ def test_the_halved_estimate_is_the_one_a_whole_pass_at_half_the_step_gives(lib,
     must be, to the bit, what a whole 4-point pass at h/2 gives, as must the 2-point one at h/2
     (taken here at a few elements only, in another order). Using the h/4 central difference
     without Richardson, or h/2 for the 4-point stencil, fails this."""
-    from pytest_gradgate.build import binding
+    from pytest_gradgate.library import binding
     from pytest_gradgate.check.engine import halved_estimate
     c = case("exp(a)", {"a": [5, 3]}, eps=0.1, stencil=stencil)
     with _forward_session(lib, c) as (g, session, params, gf, loss):
@@ -359,7 +360,7 @@ def test_directional_estimates_leave_the_param_as_it_was_and_match_the_loss_at_b
 @contextlib.contextmanager
 def _forward_session(lib, c):
     """The case's forward graph on a CPU session, its values written: (g, session, params, gf, loss)."""
-    from pytest_gradgate.check.engine import build_forward, graph_tensors
+    from pytest_gradgate.check.ggml_graph import build_forward, graph_tensors
     from pytest_gradgate.declare.expr import parse_graph
     lines = parse_graph(c.graph)
     g = GraphBuilder(lib, c, graph_tensors(c, lines))

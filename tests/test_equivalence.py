@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import pytest_gradgate
-from pytest_gradgate.build.cache import cache_root
+from pytest_gradgate.library.cache import cache_root
 from pytest_gradgate.declare.loader import load_file
 
 BUILTIN = Path(pytest_gradgate.__file__).parent / "cases_equivalence.yaml"

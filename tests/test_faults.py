@@ -112,7 +112,7 @@ def test_a_failed_build_shows_the_compilers_error_and_keeps_it_in_the_log(defaul
     """Before the fix: the log was copied while its last writes were still in the file
     object's buffer: the failure text ended at `FAILED: ...vec.cpp.o`, and neither it nor
     the kept log said "boom"."""
-    from pytest_gradgate.build.source import copy_tree
+    from pytest_gradgate.library.source import copy_tree
     broken = copy_tree(default_ggml, tmp_path / "ggml")
     vec = broken / "src" / "ggml-cpu" / "vec.cpp"
     vec.write_text("#error boom\n" + vec.read_text())
@@ -166,7 +166,7 @@ def test_a_cache_that_cannot_be_written_is_one_line(pytester, default_ggml, tmp_
 def test_a_corrupt_build_info_is_no_build(default_ggml, default_build, tmp_path, monkeypatch, corrupt):
     """Before: JSONDecodeError, AttributeError on [] and KeyError on {} from find_build (and
     from every run on that cache entry); now such an entry is not a build, and is rebuilt."""
-    from pytest_gradgate.build.cmake import BUILD_INFO, BuildOptions, find_build
+    from pytest_gradgate.library.cmake import BUILD_INFO, BuildOptions, find_build
     import shutil
     monkeypatch.setenv("GRADGATE_CACHE_DIR", str(tmp_path))
     entry = tmp_path / "builds" / default_build.path.name

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from pytest_gradgate.build.cache import cache_root
+from pytest_gradgate.library.cache import cache_root
 
 USER_CACHE = cache_root()    # read before pytester moves HOME: the cache holding the default build
 

@@ -218,8 +218,8 @@ def test_default_ggml_is_green_with_the_shipped_baseline(pytester, default_build
 def test_the_newest_ggml_is_green_with_its_shipped_baseline(pytester, newest_ggml):
     """The second pinned source, chosen by its short name: ggml 0.26.0 builds, runs the whole
     built-in suite, and its known failures are exactly its shipped baseline."""
-    from pytest_gradgate.build.cmake import ensure_build
-    from pytest_gradgate.build.options import BuildOptions
+    from pytest_gradgate.library.cmake import ensure_build
+    from pytest_gradgate.library.options import BuildOptions
     ensure_build(newest_ggml, BuildOptions())     # built once per machine, outside the timed run
     report = pytester.path / "r.json"
     result = pytester.runpytest_subprocess("--gradgate", "--gradgate-ggml-src", "ggml-0.26.0", "-p",

@@ -24,7 +24,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from pytest_gradgate.build.cache import cache_root
+from pytest_gradgate.library.cache import cache_root
 
 # ten cases: five deaths, each followed by a case that must still pass
 DEATHS_YAML = """\

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 import pytest_gradgate
-from pytest_gradgate.build.cache import cache_root
+from pytest_gradgate.library.cache import cache_root
 
 REPO = Path(__file__).resolve().parents[1]
 # what the plugin reads at run time, relative to the package
-RUNTIME_FILES = ["cases.yaml", "cases_fast.yaml", "cases_equivalence.yaml", "build/native/CMakeLists.txt", "build/native/gradgate.h",
-                 "build/native/gradgate_shim.c", "build/cdefs/ggml_types.h", "build/cdefs/ggml_ops.h",
+RUNTIME_FILES = ["cases.yaml", "cases_fast.yaml", "cases_equivalence.yaml", "library/native/CMakeLists.txt", "library/native/gradgate.h",
+                 "library/native/gradgate_shim.c", "library/cdefs/ggml_types.h", "library/cdefs/ggml_ops.h",
                  "declare/cases.schema.json", "report/report.schema.json", "gate/baseline_default.json",
                  "gate/baseline_ggml-0.26.0.json"]
 # test and benchmark tooling: C that segfaults and spins on purpose stays out of the wheel

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gradgate.build.cache import cache_root
+from pytest_gradgate.library.cache import cache_root
 from pytest_gradgate.declare.case import Case
 from pytest_gradgate.gate.order import LONG_WORK, estimated_work, long_first
 

@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from pytest_gradgate.build import source
+from pytest_gradgate.library import source
 from pytest_gradgate.errors import SourceError
-from pytest_gradgate.build.source import resolve_source
+from pytest_gradgate.library.source import resolve_source
 
 
 def test_a_fetched_pinned_source_is_present_where_it_was_fetched(default_ggml):

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from pytest_gradgate.build import tree_digest as td
-from pytest_gradgate.build.cmake import BuildOptions, cache_key
-from pytest_gradgate.build.source import copy_tree
+from pytest_gradgate.library import tree_digest as td
+from pytest_gradgate.library.cmake import BuildOptions, cache_key
+from pytest_gradgate.library.source import copy_tree
 
 NAMES = ("CMakeLists.txt", "src")
 HASH_FILES = td.hash_files   # the real one, for expected values: not counted by the spy

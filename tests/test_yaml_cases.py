@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import pytest_gradgate
-from pytest_gradgate.build.cache import cache_root
+from pytest_gradgate.library.cache import cache_root
 from pytest_gradgate.ops.consumers import CONSUMERS
 from pytest_gradgate.declare.loader import CASE_KEYS, load_file
 from pytest_gradgate.ops.losses import LOSSES

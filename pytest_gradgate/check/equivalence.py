@@ -25,7 +25,7 @@ from itertools import combinations
 import numpy as np
 
 from pytest_gradgate.check import gradsets, roundoff
-from pytest_gradgate.check.engine import GraphBuilder, build_leaves, graph_tensors, read_tensor, write_tensor
+from pytest_gradgate.check.ggml_graph import GraphBuilder, build_leaves, graph_tensors, read_tensor, write_tensor
 from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
 from pytest_gradgate.check.result import Result
 from pytest_gradgate.declare.expr import parse_graph

@@ -21,8 +21,9 @@ lanes_for. GRADGATE_FD_LANES=N makes every full-mode CPU case use N (1: none).
 import os
 import time
 
-from pytest_gradgate.build import binding
+from pytest_gradgate.library import binding
 from pytest_gradgate.errors import GradgateError
+from pytest_gradgate.check.ggml_graph import GraphBuilder, build_forward, read_tensor, write_tensor
 
 LANES_MIN_SECONDS = 0.05
 MAX_LANES = 2
@@ -86,7 +87,6 @@ class Lane:
     """One more copy of the case's forward graph, with its own session, on one thread."""
 
     def __init__(self, lib, case, lines, n_tensors):
-        from pytest_gradgate.check.engine import GraphBuilder, build_forward, write_tensor
         self.g = GraphBuilder(lib, case, n_tensors=n_tensors)
         self.session = binding.ffi.NULL
         try:
@@ -106,7 +106,6 @@ class Lane:
 
     def same_values(self, name, values):
         """The copy's param `name` holds `values`: the copy is of the same case."""
-        from pytest_gradgate.check.engine import read_tensor
         return (read_tensor(self.g, self.params[name]) == values).all()
 
     def free(self):

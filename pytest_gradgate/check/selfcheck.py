@@ -29,6 +29,7 @@ from pytest_gradgate.check import metrics
 from pytest_gradgate.ops.consumers import CONSUMERS
 from pytest_gradgate.ops.losses import LOSSES
 from pytest_gradgate.ops.producers import PRODUCERS
+from pytest_gradgate.check.ggml_graph import GraphBuilder, make_values, read_tensor, write_tensor
 
 N_DIRECTIONS = 2
 SEED_OFFSET = 4242
@@ -89,7 +90,6 @@ def _carries(case, lib, make_input, chain, n_threads):
     """Run param -> (view) -> chain -> loss; None when its backward matches the finite
     differences along N_DIRECTIONS directions, else why not."""
     from pytest_gradgate.check import directional
-    from pytest_gradgate.check.engine import GraphBuilder, make_values, read_tensor, write_tensor
 
     g = GraphBuilder(lib, case, n_tensors=256)
     session = None

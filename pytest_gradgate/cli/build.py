@@ -10,7 +10,7 @@ import shutil
 import sys
 import tempfile
 
-from pytest_gradgate.build.options import BUILD_TYPES, BuildOptions
+from pytest_gradgate.library.options import BUILD_TYPES, BuildOptions
 from pytest_gradgate.errors import SourceError, UsageError
 
 BACKENDS = ("cpu", "cuda", "all")
@@ -29,7 +29,7 @@ def add_arguments(p):
 
 
 def options_from(args):
-    from pytest_gradgate.build.cmake import gpu_visible
+    from pytest_gradgate.library.cmake import gpu_visible
     backends = ("cpu", "cuda") if args.backend in ("cuda", "all") else ("cpu",)
     if "cuda" in backends and args.cuda_arch == "native" and not gpu_visible():
         raise UsageError(f"--backend {args.backend} --cuda-arch native needs a visible NVIDIA GPU and there is "
@@ -43,7 +43,7 @@ def _progress(text):
 
 def source_from(args):
     """The source --ggml-src names (the default when none); a bad one is a usage error."""
-    from pytest_gradgate.build.source import resolve_source
+    from pytest_gradgate.library.source import resolve_source
     try:
         return resolve_source(args.ggml_src, option_name="--ggml-src")
     except SourceError as exc:
@@ -51,7 +51,7 @@ def source_from(args):
 
 
 def run(args):
-    from pytest_gradgate.build.cmake import configure_only, ensure_build
+    from pytest_gradgate.library.cmake import configure_only, ensure_build
     source = source_from(args)
     options = options_from(args)
     if args.configure_only:

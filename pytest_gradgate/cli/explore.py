@@ -51,8 +51,8 @@ def _progress(text):
 
 def resolve(args):
     """(source, library, baseline or None) for the arguments; usage errors for bad values."""
-    from pytest_gradgate.build.cmake import ensure_build
-    from pytest_gradgate.build.options import BuildOptions
+    from pytest_gradgate.library.cmake import ensure_build
+    from pytest_gradgate.library.options import BuildOptions
     from pytest_gradgate.cli.build import source_from
     from pytest_gradgate.gate import baseline as baseline_file
     source = source_from(args)

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pytest_gradgate.build.source import copy_tree, resolve_source
+from pytest_gradgate.library.source import copy_tree, resolve_source
 from pytest_gradgate.check.outcome import FAILING
 from pytest_gradgate.errors import GradgateError, SourceError, UsageError
 

@@ -5,7 +5,7 @@ Parsing and validating cases.yaml took 50-70 ms of that, importing the loader (P
 ms more; unpickling the loaded cases takes about 5 ms. The memo's key is everything that
 load_file's result depends on: the file's bytes and path, the session's backends, whether
 it is a built-in file, the Python version, and the digest of this package's own files (a
-stat walk, see build/tree_digest.py). A memo is therefore only ever what load_file would
+stat walk, see library/tree_digest.py). A memo is therefore only ever what load_file would
 return now, and an edit of the file or of the loader is a miss.
 
 Only a load without errors is kept: a file with mistakes is read again every time, so the
@@ -22,9 +22,9 @@ import pickle
 import sys
 from pathlib import Path
 
-from pytest_gradgate.build import memo_file
-from pytest_gradgate.build.cache import cache_root
-from pytest_gradgate.build.tree_digest import tree_digest
+from pytest_gradgate.library import memo_file
+from pytest_gradgate.library.cache import cache_root
+from pytest_gradgate.library.tree_digest import tree_digest
 
 MEMO_VERSION = 1
 PACKAGE = Path(__file__).resolve().parents[1]

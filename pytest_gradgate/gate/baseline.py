@@ -30,12 +30,12 @@ STALE_TEXT = "fixed: remove it from the baseline"
 
 
 def shipped_baseline(pinned):
-    """The known failures shipped for a pinned source (build/source.py PINNED)."""
+    """The known failures shipped for a pinned source (library/source.py PINNED)."""
     return Path(__file__).parent / pinned.baseline
 
 # ggml's abort lines carry the path it was compiled from: absolute, ggml/src/... where the build
-# shares objects between copies of one tree (build/cmake.py, SOURCE_LINK), or ../ggml-source/src/...
-# from a compiler without the prefix map (build/native/CMakeLists.txt); keep only the part inside the
+# shares objects between copies of one tree (library/cmake.py, SOURCE_LINK), or ../ggml-source/src/...
+# from a compiler without the prefix map (library/native/CMakeLists.txt); keep only the part inside the
 # tree's src (ggml-cpu/ops.cpp:1841) so a recorded reason is the same everywhere
 _ABS_SOURCE_PATH = re.compile(r"(?<![\w./-])(?:(?:\.\./)+|/)?(?:[^\s:/]+/)*src/((?:[\w.-]+/)*[\w.-]+\.(?:c|cc|cpp|cu|h|m):\d+)")
 

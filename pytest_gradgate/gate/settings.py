@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pytest_gradgate.build.options import BUILD_TYPES
+from pytest_gradgate.library.options import BUILD_TYPES
 from pytest_gradgate.isolation.protocol import ISOLATE_MODES
 
 

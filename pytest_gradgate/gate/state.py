@@ -55,13 +55,13 @@ class GateState:
     def choose_source(self):
         """The source the options name (a bad path is an error now); nothing is fetched."""
         if self.source is None:
-            from pytest_gradgate.build.source import resolve_source
+            from pytest_gradgate.library.source import resolve_source
             self.source = resolve_source(self.config.getoption("gradgate_ggml_src"),
                                          self.config.getini("gradgate_ggml_src"))
         return self.source
 
     def build_options(self):
-        from pytest_gradgate.build.options import BuildOptions
+        from pytest_gradgate.library.options import BuildOptions
         return BuildOptions(build_type=self.settings["build_type"], backends=tuple(sorted(set(self.backends))),
                             cuda_arch=self.settings["cuda_arch"])
 
@@ -70,7 +70,7 @@ class GateState:
         if self.build_error is not None:
             raise self.build_error
         if self.build is None:
-            from pytest_gradgate.build.cmake import ensure_build
+            from pytest_gradgate.library.cmake import ensure_build
             try:
                 source = self.choose_source()
                 self.build = ensure_build(source.root, self.build_options(), progress=self._progress())
@@ -78,7 +78,7 @@ class GateState:
                 self.build_error = exc
                 raise
             except OSError as exc:   # the source's cache (a fetch of the default) cannot be written
-                from pytest_gradgate.build.cmake import cache_write_error
+                from pytest_gradgate.library.cmake import cache_write_error
                 self.build_error = cache_write_error(exc)
                 raise self.build_error from None
         return self.build
@@ -100,7 +100,7 @@ class GateState:
         it all, as before. The thread parses no Python (see gate/ahead.py): what it calls is
         imported now."""
         import threading
-        from pytest_gradgate.build import cmake
+        from pytest_gradgate.library import cmake
         from pytest_gradgate.isolation import parent  # noqa: F401  (imported here, not in the thread)
         if "cuda" in self.backends:
             import ctypes.util  # noqa: F401  (the CUDA toolkit's part of the build's key)

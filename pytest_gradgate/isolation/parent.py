@@ -280,7 +280,7 @@ class Runner:
         Asked of the worker (started now; the cases reuse it), never loaded into this
         process, unless isolate=none: a library that cannot load can kill the process."""
         if self.isolate == "none":
-            from pytest_gradgate.build import binding
+            from pytest_gradgate.library import binding
             from pytest_gradgate.errors import GradgateError
             try:
                 self.lib = self.lib or binding.load(self.library)
@@ -340,7 +340,7 @@ class Runner:
         if self.cancelled:
             return Result.for_case(case).finish(Status.ERROR, Phase.STARTUP, message=CANCELLED, started=started)
         if self.isolate == "none":
-            from pytest_gradgate.build import binding
+            from pytest_gradgate.library import binding
             from pytest_gradgate.check.engine import run_case
             self.lib = self.lib or binding.load(self.library)
             return run_case(case, self.lib)

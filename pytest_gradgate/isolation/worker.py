@@ -21,7 +21,7 @@ import tempfile
 import time
 import traceback
 
-from pytest_gradgate.build import binding
+from pytest_gradgate.library import binding
 from pytest_gradgate.check import metrics
 from pytest_gradgate.check.engine import run_case
 from pytest_gradgate.check.outcome import Phase, Status

@@ -1,14 +1,14 @@
 """The one module that owns cffi's `ffi` and the loaded native library.
 
 ABI mode (dlopen, no compiler at import time): the declarations are header-like files,
-build/cdefs/*.h for the ggml functions we call and build/native/gradgate.h for the
+library/cdefs/*.h for the ggml functions we call and library/native/gradgate.h for the
 shim. The shim reports an ABI revision, so a library built from another revision of
 gradgate.h is refused with a message instead of being called with wrong signatures.
-The parsed declarations are kept between processes (build/declarations.py).
+The parsed declarations are kept between processes (library/declarations.py).
 """
 
-from pytest_gradgate.build.declarations import ffi_for
-from pytest_gradgate.build.shipped import CDEFS_DIR, native_dir
+from pytest_gradgate.library.declarations import ffi_for
+from pytest_gradgate.library.shipped import CDEFS_DIR, native_dir
 from pytest_gradgate.errors import GradgateError
 
 EXPECTED_ABI = 3

@@ -4,7 +4,7 @@ ABI mode parses the declarations with pycparser in every process that loads the 
 about 0.1 s, paid by each case worker before its first case (so by every `pytest --gradgate`,
 every pytest-xdist worker, every CLI call). cffi can write what it parsed as a small Python
 module (its "out-of-line" ABI mode), which later imports in about a millisecond without
-pycparser. That module is kept in the user cache (build/cache.py), named by a hash of the
+pycparser. That module is kept in the user cache (library/cache.py), named by a hash of the
 declarations and of cffi's version, so an edited header or another cffi gets a module of its own.
 
 Every process, the one that writes the module included, uses the module read back from the
@@ -28,7 +28,7 @@ import time
 
 import _cffi_backend
 
-from pytest_gradgate.build.cache import cache_root
+from pytest_gradgate.library.cache import cache_root
 
 MODULE_PREFIX = "gradgate_ffi_"
 DAY_S = 86400

@@ -1,7 +1,7 @@
 """Where the package's own native files are: the shim's sources and the C declarations.
 
 A module of its own, free of CMake and subprocess, because a case worker needs these paths
-at start (build/binding.py reads the declarations) and every import there delays its first case.
+at start (library/binding.py reads the declarations) and every import there delays its first case.
 """
 
 from pathlib import Path

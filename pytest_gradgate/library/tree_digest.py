@@ -20,8 +20,8 @@ import os
 import time
 from pathlib import Path
 
-from pytest_gradgate.build import memo_file
-from pytest_gradgate.build.cache import cache_root
+from pytest_gradgate.library import memo_file
+from pytest_gradgate.library.cache import cache_root
 
 RACY_NS = 2_000_000_000
 MEMO_VERSION = 1

@@ -19,7 +19,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_gradgate.build.cache import cache_root, make_entry
+from pytest_gradgate.library.cache import cache_root, make_entry
 from pytest_gradgate.errors import SourceError
 
 

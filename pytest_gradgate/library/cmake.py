@@ -18,12 +18,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pytest_gradgate.build.cache import cache_root, make_entry
-from pytest_gradgate.build.options import BuildOptions
-from pytest_gradgate.build.shipped import NATIVE_FILES, native_dir
+from pytest_gradgate.library.cache import cache_root, make_entry
+from pytest_gradgate.library.options import BuildOptions
+from pytest_gradgate.library.shipped import NATIVE_FILES, native_dir
 from pytest_gradgate.errors import BuildError
-from pytest_gradgate.build.source import read_ggml_version
-from pytest_gradgate.build.tree_digest import tree_digest
+from pytest_gradgate.library.source import read_ggml_version
+from pytest_gradgate.library.tree_digest import tree_digest
 
 LIBRARY_NAME = {"darwin": "libgradgate.dylib", "win32": "gradgate.dll"}.get(sys.platform, "libgradgate.so")
 BUILD_INFO = "build-info.json"
