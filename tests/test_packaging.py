@@ -67,7 +67,7 @@ def test_the_sdist_can_build_and_test(dist):
     _, sdist = dist
     names = {n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n}
     assert {"pyproject.toml", "LICENSE", "README.md", "tests/conftest.py", "tests/ggml_variants.py",
-            "bench/reference.py", ".ci/run"} <= names
+            "bench/reference.py", ".ci/run", "mkdocs.yml", "docs/index.md", "docs/images/html-report.png"} <= names
     assert {f"pytest_gradgate/{rel}" for rel in RUNTIME_FILES} <= names
 
 
