@@ -125,20 +125,28 @@ def export(case):
              f"        ggml_tensor * out = {LOSS_TAILS[case.loss].format(z='z')};",
              "        ggml_set_name(out, \"out\");",
              "        return out;"]
-    ranges = []
+    ranges = {}
     for pname, spec in case.init.items():
         if not isinstance(spec, (list, tuple)):
             _refuse(case, f"init {spec!r} of '{pname}' (only [lo, hi] ranges are exported)")
-        ranges.append(f"            if (strcmp(t->name, \"{pname}\") == 0) {{ init_tensor_uniform(t, "
-                      f"{_literal(float(spec[0]))}, {_literal(float(spec[1]))}); continue; }}")
-    # the params alone: the harness's own initialize_tensors writes every tensor of the context,
-    # the backward's too, and a view that a wrong backward gave bogus strides then aborts that
-    # write ("tensor write out of bounds") before the gradients are compared
-    init = "\n".join(["", "    void initialize_tensors(ggml_context * ctx) override {",
-                      "        for (ggml_tensor * t = ggml_get_first_tensor(ctx); t != nullptr; "
-                      "t = ggml_get_next_tensor(ctx, t)) {",
-                      "            if (!(t->flags & GGML_TENSOR_FLAG_PARAM)) { continue; }", *ranges,
-                      "            init_tensor_uniform(t);", "        }", "    }"])
+        ranges[pname] = (float(spec[0]), float(spec[1]))
+    # the params alone, from a fixed seed: the harness's own initialize_tensors draws from
+    # std::random_device (another case every run, so a limit met by f32 roundoff flips now and
+    # then) and writes every tensor of the context, the backward's too, where a view that a wrong
+    # backward gave bogus strides aborts the write before the gradients are compared
+    init = ["", "    void initialize_tensors(ggml_context * ctx) override {",
+            f"        std::mt19937 rng({case.seed});",
+            "        for (ggml_tensor * t = ggml_get_first_tensor(ctx); t != nullptr; t = ggml_get_next_tensor(ctx, t)) {",
+            "            if (!(t->flags & GGML_TENSOR_FLAG_PARAM)) { continue; }",
+            "            float lo = -1.0f, hi = 1.0f;"]
+    for pname, (lo, hi) in ranges.items():
+        init.append(f"            if (strcmp(t->name, \"{pname}\") == 0) {{ lo = {_literal(lo)}; hi = {_literal(hi)}; }}")
+    init += ["            std::uniform_real_distribution<float> uniform(lo, hi);",
+             "            std::vector<float> values(ggml_nelements(t));",
+             "            for (float & v : values) { v = uniform(rng); }",
+             "            ggml_backend_tensor_set(t, values.data(), 0, ggml_nbytes(t));",
+             "        }", "    }"]
+    init = "\n".join(init)
     origin = case.origin.get("path", ""), case.origin.get("line", "")
     struct = "\n".join([
         f"// {case.id}: exported by pytest-gradgate from {origin[0]}:{origin[1]}",
