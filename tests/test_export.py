@@ -79,7 +79,10 @@ def harness_on(tmp_path_factory, default_ggml):
 
 @pytest.mark.slow
 def test_test_backend_ops_fails_the_exported_case_on_the_buggy_concat(harness_on):
-    """The bug is in the tree (the concat-buggy variant): ggml's harness must say FAIL."""
+    """The bug is in the tree (the concat-buggy variant): ggml's harness must say FAIL. Seen failing
+    with the export's SQR taken out (the harness's SUM alone): test-backend-ops then says OK on the
+    buggy tree (MAA 1.9e-6); and with the harness's own initialize_tensors kept, it aborted in the
+    exported case ("tensor write out of bounds") instead of comparing."""
     story = harness_on("concat-buggy")["permute_0213_transpose"]
     assert story.status == "fail", (story.status, story.detail, story.maa)
     assert max(story.maa.values()) > 1e-2
