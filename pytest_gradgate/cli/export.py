@@ -8,6 +8,7 @@ NODE_ID is the item's pytest node id, as `pytest --gradgate` prints it: a case f
 pytest_gradgate/<file> for the built-in suite), `::`, the case's name and [variant].
 """
 
+import dataclasses
 from pathlib import Path
 
 from pytest_gradgate.errors import UsageError
@@ -55,7 +56,8 @@ def find_case(node_id):
     if case is None:
         raise UsageError(f"case '{name}' has no variant [{item[item.index('[') + 1:-1]}]; its items are: "
                          f"{', '.join(c.id for c in entry.cases)}")
-    return case
+    # the comment of the export names the file as the node id does, not where it is installed
+    return dataclasses.replace(case, origin={**case.origin, "path": path_part})
 
 
 def run(args):
