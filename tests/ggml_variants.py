@@ -138,8 +138,71 @@ UNCAUGHT_VARIANTS = {"scale-negative": (SCALE_ANCHOR, _SCALE_NEGATIVE_CODE),
 # all three in one tree: one build for the tests that show explore finds each
 UNCAUGHT = "uncaught"
 
+# A fork's own op, as a fork adds one: ggml_walk_scale(ctx, a, s) = s * a, with its GGML_OP in
+# include/ggml.h, its constructor and name in src/ggml.c, a CPU forward that reads a through its
+# strides, and a backward case in ggml_compute_backward. "walk-scale" has a correct backward;
+# "walk-scale-wrong" reads the incoming gradient as if it were laid out like a (src0's strides):
+# right wherever the gradient arrives contiguous (consumer none), wrong positions through a
+# transpose or permute. The tests declare it from YAML alone (tests/test_declared_ops.py).
+WALK_SCALE_PROTOTYPE = "struct ggml_tensor * ggml_walk_scale(struct ggml_context * ctx, struct ggml_tensor * a, float s)"
+_WALK_SCALE_ENUM = ("        GGML_OP_GLU,\n", "        GGML_OP_GLU,\n        GGML_OP_WALK_SCALE, // pytest-gradgate's walk-scale variant\n")
+_WALK_SCALE_DECL = ("    GGML_API struct ggml_tensor * ggml_concat(",
+                    "    GGML_API " + WALK_SCALE_PROTOTYPE + "; // pytest-gradgate's walk-scale variant\n\n"
+                    "    GGML_API struct ggml_tensor * ggml_concat(")
+_WALK_SCALE_NAMES = [('    "GLU",\n', '    "GLU",\n    "WALK_SCALE",\n'), ('    "glu(x)",\n', '    "glu(x)",\n    "walk_scale(x)",\n')]
+_WALK_SCALE_BUILD = """\
+// added by pytest-gradgate's walk-scale test variant: a fork's own op
+""" + WALK_SCALE_PROTOTYPE + """ {
+    struct ggml_tensor * result = ggml_new_tensor(ctx, GGML_TYPE_F32, GGML_MAX_DIMS, a->ne);
+    ggml_set_op_params(result, &s, sizeof(s));
+    result->op     = GGML_OP_WALK_SCALE;
+    result->src[0] = a;
+    return result;
+}
+
+"""
+_WALK_SCALE_BACKWARD = """\
+        case GGML_OP_WALK_SCALE: {{ // added by pytest-gradgate's {variant} test variant
+            float s;
+            memcpy(&s, tensor->op_params, sizeof(float));
+            if (src0_needs_grads) {{
+                struct ggml_tensor * g = {grad_expr};
+                ggml_add_or_set(ctx, cgraph, isrc0, ggml_scale(ctx, ggml_cont(ctx, g), s));
+            }}
+        }} break;
+"""
+WALK_SCALE_VARIANTS = {
+    "walk-scale": _WALK_SCALE_BACKWARD.format(variant="walk-scale", grad_expr="grad"),
+    "walk-scale-wrong": _WALK_SCALE_BACKWARD.format(
+        variant="walk-scale-wrong",
+        grad_expr="ggml_view_4d(ctx, grad, src0->ne[0], src0->ne[1], src0->ne[2], src0->ne[3], "
+                  "src0->nb[1], src0->nb[2], src0->nb[3], 0)"),
+}
+# the CPU forward, one row per thread in turn, every element through the strides
+_WALK_SCALE_FORWARD_ANCHOR = "        case GGML_OP_OPT_STEP_SGD:\n            {\n                ggml_compute_forward_opt_step_sgd(params, tensor);\n            }\n            break;\n"
+_WALK_SCALE_FORWARD = """\
+        case GGML_OP_WALK_SCALE: // added by pytest-gradgate's walk-scale test variant
+            {
+                const struct ggml_tensor * src = tensor->src[0];
+                float s;
+                memcpy(&s, tensor->op_params, sizeof(float));
+                const int64_t n1 = tensor->ne[1], n2 = tensor->ne[2], rows = n1 * n2 * tensor->ne[3];
+                for (int64_t r = params->ith; r < rows; r += params->nth) {
+                    const int64_t i1 = r % n1, i2 = (r / n1) % n2, i3 = r / (n1 * n2);
+                    for (int64_t i0 = 0; i0 < tensor->ne[0]; i0++) {
+                        const float x = *(const float *) ((const char *) src->data + i0*src->nb[0] + i1*src->nb[1] + i2*src->nb[2] + i3*src->nb[3]);
+                        *(float *) ((char *) tensor->data + i0*tensor->nb[0] + i1*tensor->nb[1] + i2*tensor->nb[2] + i3*tensor->nb[3]) = s * x;
+                    }
+                }
+            }
+            break;
+"""
+_WALK_SCALE_TASKS = ("        case GGML_OP_OPT_STEP_ADAMW:\n        case GGML_OP_OPT_STEP_SGD:\n            {\n                n_tasks = n_threads;",
+                     "        case GGML_OP_WALK_SCALE: // pytest-gradgate's walk-scale variant\n"
+                     "        case GGML_OP_OPT_STEP_ADAMW:\n        case GGML_OP_OPT_STEP_SGD:\n            {\n                n_tasks = n_threads;")
+
 VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "sub-sign", "input-strides", "transpose-half",
-                                     "transpose-reshape") + tuple(UNCAUGHT_VARIANTS) + (UNCAUGHT,)
+                                     "transpose-reshape") + tuple(UNCAUGHT_VARIANTS) + (UNCAUGHT,) + tuple(WALK_SCALE_VARIANTS)
 
 
 class PatchError(Exception):
@@ -164,6 +227,33 @@ def replace_once(path, old, new):
     path.write_text(text.replace(old, new))
 
 
+def replace_all(path, old, new, count):
+    """Replace the `count` occurrences of `old` in `path` (a fixed number, so a moved anchor fails)."""
+    path = Path(path)
+    text = path.read_text()
+    if text.count(old) != count:
+        raise PatchError(f"{path}: {old.strip()[:60]!r} found {text.count(old)} times, expected {count}")
+    path.write_text(text.replace(old, new))
+
+
+def add_walk_scale(dest, name):
+    """The fork's op (WALK_SCALE_VARIANTS) added to the tree at dest."""
+    import re
+    replace_once(dest / "include" / "ggml.h", *_WALK_SCALE_ENUM)
+    replace_once(dest / "include" / "ggml.h", *_WALK_SCALE_DECL)
+    ggml_c = dest / "src" / "ggml.c"
+    for old, new in _WALK_SCALE_NAMES:
+        replace_once(ggml_c, old, new)
+    count = re.search(r"static_assert\(GGML_OP_COUNT == (\d+)", ggml_c.read_text()).group(1)
+    replace_all(ggml_c, f"static_assert(GGML_OP_COUNT == {count}, \"GGML_OP_COUNT != {count}\");",
+                f"static_assert(GGML_OP_COUNT == {int(count) + 1}, \"GGML_OP_COUNT != {int(count) + 1}\");", 2)
+    insert_before(ggml_c, "struct ggml_tensor * ggml_concat(\n", _WALK_SCALE_BUILD)
+    insert_before(ggml_c, BACKWARD_ANCHOR, WALK_SCALE_VARIANTS[name])
+    cpu = dest / "src" / "ggml-cpu" / "ggml-cpu.c"
+    replace_once(cpu, _WALK_SCALE_FORWARD_ANCHOR, _WALK_SCALE_FORWARD_ANCHOR + _WALK_SCALE_FORWARD)
+    replace_once(cpu, *_WALK_SCALE_TASKS)
+
+
 def make_variant(ggml_root, dest, name):
     """A copy of ggml_root at dest with the named variant's patch applied."""
     if name not in VARIANTS:
@@ -174,6 +264,8 @@ def make_variant(ggml_root, dest, name):
     elif name == UNCAUGHT:
         for anchor, code in UNCAUGHT_VARIANTS.values():
             replace_once(dest / "src" / "ggml.c", anchor, code)
+    elif name in WALK_SCALE_VARIANTS:
+        add_walk_scale(dest, name)
     elif name == "sub-sign":
         replace_once(dest / "src" / "ggml.c", SUB_SIGN_ANCHOR, _SUB_SIGN_CODE)
     elif name == "transpose-reshape":

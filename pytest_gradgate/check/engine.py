@@ -13,11 +13,12 @@ import numpy as np
 
 from pytest_gradgate.library import binding
 from pytest_gradgate.check import alone, directional, lanes, metrics, power, reliability, selfcheck
-from pytest_gradgate.ops.consumers import CONSUMERS
+from pytest_gradgate.ops.consumers import CONSUMERS, check_consumer
 from pytest_gradgate.ops.producers import laid_out_params
 from pytest_gradgate.declare.expr import main_op, ops_used, parse_graph
 from pytest_gradgate.declare.graph import walk
 from pytest_gradgate.ops.losses import LOSSES
+from pytest_gradgate.ops.declared import table_for
 from pytest_gradgate.ops.table import ne4
 from pytest_gradgate.check.outcome import STRIDE_SUSPECTS, Diagnosis, Phase, Status
 from pytest_gradgate.check.result import Result
@@ -35,9 +36,9 @@ def _forward_takes(case, lib, lines):
     session = None
     try:
         leaves, _, _, laid_out = build_leaves(g, case)
-        y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p))
+        y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p), table_for(case.ops))
         copies = {name: (lib.ggml_cont(g.ctx, t) if name in laid_out else t) for name, t in leaves.items()}
-        y_copy = walk(lines, copies, lambda spec, tensors, p: spec.build(g, tensors, p))
+        y_copy = walk(lines, copies, lambda spec, tensors, p: spec.build(g, tensors, p), table_for(case.ops))
         gf = g.forward_graph(LOSSES[case.loss].build(g, g.contiguous(y)))
         gf_copy = g.forward_graph(LOSSES[case.loss].build(g, g.contiguous(y_copy)))
         err = g.ffi.new("char[256]")
@@ -116,6 +117,12 @@ def run_case(case, lib, phase=lambda name: None):
     extra_lanes = []
     try:
         declared, laid_out, params, shapes, y = forward_parts(g, case, lines)
+        if case.ops:    # a declared op's output shape was ggml's to say: the consumer is checked now
+            why = check_consumer(case.consumer, tuple(g.layout(y)[0]))
+            if why is not None:
+                return result.finish(Status.ERROR, Phase.BUILD_FORWARD,
+                                     message=f"{case.id}: consumer '{case.consumer}' cannot read this output: {why}",
+                                     started=started)
         # an op whose output is a view (transpose, permute) would reach the loss's sqr kernel
         # non-contiguous, which ggml's CPU unary kernels reject; the cont makes the gradient
         # reach the op contiguous, which is what consumer `none` means

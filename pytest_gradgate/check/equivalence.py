@@ -32,6 +32,7 @@ from pytest_gradgate.declare.expr import parse_graph
 from pytest_gradgate.declare.graph import walk
 from pytest_gradgate.ops.consumers import CONSUMERS
 from pytest_gradgate.ops.losses import LOSSES
+from pytest_gradgate.ops.declared import table_for
 from pytest_gradgate.ops.table import ne4
 
 
@@ -51,7 +52,7 @@ def compute_formulation(case, lib, label, graph, phase):
     session = None
     try:
         leaves, params, _, _ = build_leaves(g, case)
-        y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p))
+        y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p), table_for(case.ops))
         z = g.contiguous(CONSUMERS[case.consumer].build(g, y))
         loss = LOSSES[case.loss].build(g, z)
         phase(Phase.BUILD_BACKWARD)

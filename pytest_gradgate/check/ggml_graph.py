@@ -14,6 +14,7 @@ from pytest_gradgate.declare.graph import input_shape, walk
 from pytest_gradgate.ops.consumers import CONSUMERS
 from pytest_gradgate.ops.losses import LOSSES
 from pytest_gradgate.ops.producers import PRODUCERS, laid_out_params
+from pytest_gradgate.ops.declared import table_for
 from pytest_gradgate.ops.table import ne4
 
 # Room in a graph beyond the tensors its context can hold (see GraphBuilder).
@@ -170,7 +171,7 @@ def forward_parts(g, case, lines):
     producer, param leaves, leaf shapes, the op's output)."""
     leaves, params, shapes, laid_out = build_leaves(g, case)
     declared = {name: ne4(shape) for name, shape in case.params.items()}
-    y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p))
+    y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p), table_for(case.ops))
     return declared, laid_out, params, shapes, y
 
 

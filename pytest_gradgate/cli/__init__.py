@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "verify": ("pytest_gradgate.cli.verify", "does a case fail with a fix reverted? (gradgate verify --revert REF|PATCH)"),
     "ops": ("pytest_gradgate.cli.ops", "list the ops, consumers and losses a case may use"),
     "explore": ("pytest_gradgate.cli.explore", "search random cases for backward bugs and shrink each to a case"),
+    "export": ("pytest_gradgate.cli.export", "print a gate item's case as a test-backend-ops test_case (C++)"),
 }
 USAGE_EXIT = 2
 FAILURE_EXIT = 1

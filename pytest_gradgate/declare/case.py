@@ -54,6 +54,8 @@ class Case:
     # an equivalence case (mode "equivalence"): formulation name -> graph, compared with each
     # other instead of with finite differences; `graph` is then the first formulation
     equivalent: dict = field(default_factory=dict)
+    # ops the case file declares by their C prototype (a fork's own): name -> prototype
+    ops: dict = field(default_factory=dict)
 
     @functools.cached_property
     def op(self):

@@ -27,11 +27,12 @@ def _check_kind(op, param, value):
     return float(value) if kind is float else value
 
 
-def bind(call, resolve):
-    """Match a Call's arguments to its op's signature -> (spec, tensors, params)."""
-    spec = OPS.get(call.op)
+def bind(call, resolve, ops=OPS):
+    """Match a Call's arguments to its op's signature -> (spec, tensors, params). `ops` is the
+    op table, with a case file's declared ops where it has some (ops/declared.py)."""
+    spec = ops.get(call.op)
     if spec is None:
-        close = [n for n in OPS if n.startswith(call.op[:3])]
+        close = [n for n in ops if n.startswith(call.op[:3])]
         hint = f" (did you mean {', '.join(sorted(close)[:4])}?)" if close else ""
         raise CaseError(f"unknown op '{call.op}'{hint}; ops are the lowercase ggml names, see `gradgate ops`")
     args = list(call.args)
@@ -83,7 +84,7 @@ def bind(call, resolve):
     return spec, tensors, params
 
 
-def walk(lines, leaves, apply):
+def walk(lines, leaves, apply, ops=OPS):
     """Evaluate graph lines over `leaves` (name -> value); apply(spec, tensors, params) -> value."""
     env = dict(leaves)
 
@@ -94,7 +95,7 @@ def walk(lines, leaves, apply):
                                 "or bind it on an earlier graph line)")
             return env[node.name]
         if isinstance(node, Call):
-            spec, tensors, params = bind(node, evaluate)
+            spec, tensors, params = bind(node, evaluate, ops)
             return apply(spec, tensors, params)
         raise CaseError(f"{node!r} is not a tensor")
 
@@ -138,6 +139,14 @@ def _check_rows(tensors):
 INDEX_CHECKS = {"get_rows": _check_rows}
 
 
+class OpenShape(tuple):
+    """The output of a declared op before ggml has built it (its shape is ggml's to say), and of
+    every op that reads one: collection checks what it can and leaves the rest to the worker."""
+
+
+OPEN = OpenShape((0, 0, 0, 0))
+
+
 def infer_shapes(case):
     """Output shape of a case's graph, or CaseError saying which line is wrong and why."""
     lines = parse_graph(case.graph)
@@ -156,10 +165,13 @@ def infer_shapes(case):
             leaves[name].values = list(spec["values"])
 
     def apply(spec, tensors, params):
+        if spec.shape is None or any(isinstance(t, OpenShape) for t in tensors.values()):
+            return OPEN
         if spec.name in INDEX_CHECKS:
             INDEX_CHECKS[spec.name](tensors)
         try:
             return tuple(spec.shape(tensors, params))
         except ShapeError as exc:
             raise CaseError(f"shape mismatch: {exc}") from None
-    return walk(lines, leaves, apply)
+    from pytest_gradgate.ops.declared import table_for
+    return walk(lines, leaves, apply, table_for(case.ops))

@@ -22,8 +22,8 @@ from pytest_gradgate.ops.consumers import CONSUMERS, DEFAULT_CONSUMERS, check_co
 from pytest_gradgate.ops.producers import DEFAULT_PRODUCERS, PRODUCERS, laid_out_params
 from pytest_gradgate.errors import CaseError
 from pytest_gradgate.declare import vary
-from pytest_gradgate.declare.expr import Ref, clip, nodes, parse_graph
-from pytest_gradgate.declare.graph import infer_shapes
+from pytest_gradgate.declare.expr import Ref, clip, nodes, ops_used, parse_graph
+from pytest_gradgate.declare.graph import OpenShape, infer_shapes
 from pytest_gradgate.ops.losses import LOSSES
 from pytest_gradgate.ops.table import ne4
 
@@ -50,6 +50,8 @@ CASE_KEYS = {
     "directions": "fast mode: number of random directions (default 6)",
     "timeout": "seconds before the case is killed (default: sized to the case)",
     "threads": f"CPU threads the analytic backward runs on (default {DEFAULT_THREADS}; forwards run on one)",
+    "ops": "ops declared by their C prototype (a fork's own): name -> {c: \"struct ggml_tensor * ggml_x(...);\"}; "
+           "in a file, a top-level `ops:` declares them for all its cases (see docs/declared-ops.md)",
     "vary": "parameter axes: name -> list of values (one case per combination); $name in the case's other "
             "values is replaced (see pytest_gradgate/declare/vary.py)",
 }
@@ -133,9 +135,10 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
         return [], [CaseError(f"the YAML is nested too deeply or too large to read ({type(exc).__name__})", path)]
     if not isinstance(data, dict) or "cases" not in data:
         return [], [CaseError("a case file must be a mapping with a 'cases:' list", path, 1)]
-    unknown_top = set(data) - {"cases", "defaults"}
+    unknown_top = set(data) - {"cases", "defaults", "ops"}
     if unknown_top:
-        return [], [CaseError(f"unknown top-level key(s) {sorted(unknown_top)}; expected 'cases' (and 'defaults')",
+        return [], [CaseError(f"unknown top-level key(s) {sorted(unknown_top)}; expected 'cases' (and 'defaults', "
+                              "'ops')",
                               path, 1)]
     top_lines = _key_lines(root)
     if not isinstance(data["cases"], list):
@@ -146,12 +149,15 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
                               top_lines.get("defaults"))]
     case_nodes = next(v for k, v in root.value if k.value == "cases").value
     loaded, errors, seen = [], [], {}
+    file_ops, op_errors, op_lines = _declared_ops(data.get("ops"), root, path, top_lines.get("ops"))
     for raw, node in zip(data["cases"], case_nodes):
         line = node.start_mark.line + 1
         try:
             if not isinstance(raw, dict):
                 raise CaseError("each case must be a mapping (name:, params:, graph:, ...)", path, line)
             merged = {**defaults, **raw}
+            if file_ops and isinstance(raw, dict) and "ops" not in raw:
+                merged["ops"] = dict(file_ops)
             key_lines = _key_lines(node) if isinstance(node, yaml.MappingNode) else {}
             key_lines["graph lines"] = _graph_item_lines(node) if isinstance(node, yaml.MappingNode) else []
             key_lines["equivalent lines"] = _equivalent_lines(node) if isinstance(node, yaml.MappingNode) else {}
@@ -161,6 +167,8 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
             if name in seen:
                 raise CaseError(f"duplicate case name '{name}' (first declared on line {seen[name]})", path,
                                 key_lines.get("name", line))
+            if file_ops and "ops" not in raw:   # where each op is declared, for errors found later
+                key_lines["op lines"] = {name: op_lines.get(name, line) for name in file_ops}
             variants = vary.expand(merged, (path, key_lines.get("vary", line)))
             if variants == [merged]:
                 loaded.append(LoadedCase(name, path, line,
@@ -178,7 +186,11 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
         except CaseError as exc:
             if exc.path is None:
                 exc.path, exc.line = path, line
-            errors.append(exc)
+            broken = _broken_op_used(raw, op_errors)
+            if broken is not None:   # said once, at the op's line
+                op_errors[broken][1].append(raw.get("name") if isinstance(raw.get("name"), str) else f"line {line}")
+            else:
+                errors.append(exc)
         except (RecursionError, MemoryError) as exc:
             errors.append(CaseError(f"the case is too large or nested too deeply to check ({type(exc).__name__}); "
                                     "split its graph into smaller cases", path, line))
@@ -187,7 +199,53 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
             # never a traceback that loses the file's other cases
             errors.append(CaseError(f"invalid case ({type(exc).__name__}: {exc}); see `gradgate ops` "
                                     "and pytest_gradgate/declare/cases.schema.json for the format", path, line))
+    for error, users in op_errors.values():
+        if users:
+            error.args = (f"{error.args[0]} (not loaded because of it: {', '.join(users)})",)
+        errors.append(error)
     return loaded, errors
+
+
+OP_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
+
+
+def _declared_ops(ops, root, path, line):
+    """A file's `ops:` -> ({name: prototype} of those that parse, {name: (CaseError, [cases it
+    keeps from loading])} of those that do not, each error at its own line, {name: line})."""
+    from pytest_gradgate.ops.declared import parse_prototype
+    from pytest_gradgate.ops.table import OPS
+    if ops is None:
+        return {}, {}, {}
+    if not isinstance(ops, dict):
+        return {}, {"": (CaseError("'ops' must map op names to {c: \"<C prototype>\"}", path, line), [])}, {}
+    node = next(v for k, v in root.value if k.value == "ops")
+    lines = _key_lines(node) if isinstance(node, yaml.MappingNode) else {}
+    good, bad = {}, {}
+    for name, spec in ops.items():
+        where = (path, lines.get(name, line))
+        try:
+            if not isinstance(name, str) or not OP_NAME_RE.match(name):
+                raise CaseError(f"op name {clip(repr(name))} must be lowercase letters, digits and _", *where)
+            if name in OPS:
+                raise CaseError(f"op '{name}' is an op of the built-in table (see `gradgate ops`); give the "
+                                "declared op a name of its own", *where)
+            if not isinstance(spec, dict) or set(spec) != {"c"}:
+                raise CaseError(f"op '{name}' must be {{c: \"<C prototype>\"}}", *where)
+            parse_prototype(name, spec["c"])
+            good[name] = spec["c"].strip()
+        except CaseError as exc:
+            if exc.path is None:
+                exc.path, exc.line = where
+            bad[name] = (exc, [])
+    return good, bad, lines
+
+
+def _broken_op_used(raw, op_errors):
+    """The broken declared op a case's graph calls, if any."""
+    if not op_errors or not isinstance(raw, dict):
+        return None
+    text = str(raw.get("graph", "")) + str(raw.get("equivalent", ""))
+    return next((name for name in op_errors if name and re.search(rf"\b{name}\s*\(", text)), None)
 
 
 def _looks_like_a_number(value):
@@ -376,15 +434,23 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
             raise CaseError(f"init names '{pname}', which is not a param (params: {', '.join(params)})", *at("init"))
         _check_init(spec, f"param '{pname}'", at("init"))
 
-    template = Case(name=name, graph=raw.get("graph", ""), params=params, inputs=inputs, init=init,
+    declared = _case_ops(raw.get("ops"), at("ops"))
+    if declared and "equivalent" in raw:
+        raise CaseError("declared ops in an equivalence case are not supported: check the op with 'graph'",
+                        *at("ops"))
+    template = Case(name=name, graph=raw.get("graph", ""), params=params, inputs=inputs, init=init, ops=declared,
                     eps=eps, stencil=stencil, max_maa=max_maa, seed=seed, mode=mode,
                     directions=directions, timeout=timeout, threads=threads,
-                    builtin=builtin, origin={"path": str(path), "line": line})
+                    builtin=builtin, origin={"path": str(path), "line": line,
+                                             **({"op_lines": key_lines["op lines"]} if key_lines.get("op lines") else {})})
     if "equivalent" in raw:
         template, out_shape = _equivalent_template(raw["equivalent"], template, at, key_lines, path)
     else:
         out_shape = _check_graph(raw["graph"], template, at("graph"), key_lines.get("graph lines") or [], at)
-    for c in consumers:
+    if declared:   # only the ops the graph calls travel with its cases
+        called = set(ops_used(parse_graph(template.graph)))
+        template = dataclasses.replace(template, ops={k: v for k, v in declared.items() if k in called})
+    for c in consumers if not isinstance(out_shape, OpenShape) else ():   # else: the worker checks
         why = check_consumer(c, out_shape)
         if why:
             raise CaseError(f"consumer '{c}' cannot read this output: {why}", *at("consumers"))
@@ -412,6 +478,25 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
                 case = Case(**{**template.to_dict(), "producer": pr, "consumer": c, "loss": lo, "backend": b})
                 cases.append(case)
     return cases
+
+
+def _case_ops(ops, where):
+    """A case's `ops` (name -> prototype, or name -> {c: prototype}) -> {name: prototype}."""
+    from pytest_gradgate.ops.declared import parse_prototype
+    from pytest_gradgate.ops.table import OPS
+    if not ops:
+        return {}
+    if not isinstance(ops, dict):
+        raise CaseError("'ops' must map op names to C prototypes", *where)
+    out = {}
+    for name, spec in ops.items():
+        text = spec.get("c") if isinstance(spec, dict) else spec
+        if name in OPS:
+            raise CaseError(f"op '{name}' is an op of the built-in table; give the declared op a name of its own",
+                            *where)
+        parse_prototype(name, text)
+        out[name] = text.strip()
+    return out
 
 
 def _check_graph(graph, template, where, item_lines, at, what=""):

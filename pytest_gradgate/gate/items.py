@@ -32,6 +32,7 @@ class CaseFile(pytest.File):
         state = state_of(self.config)
         loaded, errors = load_file_remembered(self.path, state.backends, builtin=is_builtin(self.path))
         mode = state.settings["mode"]   # --gradgate-mode overrides every case's own mode
+        loaded = _without_missing_ops(loaded, errors, state, self.path)
         for entry in loaded:
             if not entry.cases:   # its backends are none of this run's: say so, do not vanish
                 yield NotBuiltItem.from_parent(self, name=f"{entry.name}[not-built]", entry=entry,
@@ -53,6 +54,36 @@ class CaseFile(pytest.File):
             n = on_line[err.line] = on_line.get(err.line, 0) + 1
             suffix = "" if n == 1 else f"-{n}"
             yield InvalidCaseItem.from_parent(self, name=f"line{err.line or 0}[invalid{suffix}]", error=err)
+
+
+def _without_missing_ops(loaded, errors, state, path):
+    """The loaded cases less those calling a declared op whose function the tree's headers lack:
+    one error for each such op, at its line in the file, naming the cases it kept from running.
+    (Where the tree is not on disk yet, the default before its first fetch, the worker finds a
+    missing function instead, in the cases that call it.)"""
+    from pytest_gradgate.errors import CaseError
+    from pytest_gradgate.ops.declared import header_text, missing_from_headers
+    ops = {name: text for entry in loaded for case in entry.cases for name, text in case.ops.items()}
+    root = state.source.root_if_present() if ops and state.source is not None else None
+    if root is None:
+        return loaded
+    missing = missing_from_headers(ops, header_text(root))
+    if not missing:
+        return loaded
+    kept, held = [], {name: [] for name in missing}
+    for entry in loaded:
+        calls = {name for case in entry.cases for name in case.ops if name in missing}
+        for name in calls:
+            held[name].append(entry.name)
+        if not calls:
+            kept.append(entry)
+    for name, symbol in missing.items():
+        lines = next((c.origin.get("op_lines", {}) for e in loaded for c in e.cases if name in c.ops), {})
+        errors.append(CaseError(f"op '{name}': {symbol} is not declared in the headers of the ggml tree under test "
+                                f"({root}/include): check the function's name, or point --gradgate-ggml-src at "
+                                f"the tree that has it (cases not run because of it: {', '.join(held[name])})",
+                                path, lines.get(name, next(e.line for e in loaded if e.name == held[name][0]))))
+    return kept
 
 
 class CaseItem(pytest.Item):

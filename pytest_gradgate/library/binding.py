@@ -46,3 +46,30 @@ def load(library_path):
 
 def ggml_version(lib):
     return ffi.string(lib.gg_ggml_version()).decode()
+
+
+_declared = {}
+
+
+def declared_functions(lib, cdef_text):
+    """The functions of `cdef_text` (a case file's declared ops, ops/declared.py) in the library
+    `lib` was loaded from, through an ffi of their own. A symbol the library does not have is a
+    GradgateError when it is first called for, naming the function."""
+    path = next(p for p, loaded in _loaded.items() if loaded is lib)
+    key = (path, cdef_text)
+    if key not in _declared:
+        _declared[key] = _DeclaredLibrary(ffi_for(cdef_text).dlopen(path), path)
+    return _declared[key]
+
+
+class _DeclaredLibrary:
+    def __init__(self, lib, path):
+        self._lib, self._path = lib, path
+
+    def __getattr__(self, symbol):
+        try:
+            return getattr(self._lib, symbol)
+        except Exception:   # noqa: BLE001  cffi's ffi.error: the symbol is not in the library
+            raise GradgateError(f"{symbol} is not in {self._path}: the ggml tree under test has no such "
+                                "function (check its name in the tree's include/ggml.h, or point "
+                                "--gradgate-ggml-src at the tree that has it)") from None
