@@ -91,26 +91,36 @@ def test_the_readme_stays_short_and_starts_with_the_two_commands():
     assert "python3 -m pytest -n 2 tests" in (REPO / ".ci" / "run").read_text()
 
 
-def test_case_files_in_the_docs_load_and_run(tmp_path):
-    """Every case file the docs show is loaded and run on the default ggml, in one pytest run:
-    none may be an invalid case (a doc's case may fail on purpose, never be wrong)."""
-    files = []
+# a case file for a fork's op names the fork of tests/ggml_variants.py it runs on
+FORK_MARK = re.compile(r"^#.*tests/ggml_variants\.py's fork: ([\w-]+)", re.M)
+
+
+def test_case_files_in_the_docs_load_and_run(tmp_path, ggml_variant):
+    """Every case file the docs show is loaded and run, on the default ggml or on the fork it
+    names, one pytest run per tree: none may be an invalid case (a doc's case may fail on purpose,
+    never be wrong)."""
+    by_tree = {}
     for i, (page, line, text) in enumerate(case_file_blocks()):
         path = tmp_path / f"case_{i}.yaml"
         path.write_text(text)
-        files.append((path, where(page, line)))
-    assert len(files) >= 4, "the docs show case files: the block finder is broken"
-    args = [a for path, _ in files for a in ("--gradgate-cases", str(path))]
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--gradgate", "--gradgate-no-builtin", "-p", "no:cacheprovider",
-                           "-q", "-rA", *args], capture_output=True, text=True, cwd=tmp_path,
-                          env=dict(os.environ, PYTEST_ADDOPTS=""))
-    out = proc.stdout + proc.stderr
-    bad = [origin for path, origin in files
-           if re.search(rf"invalid case: \S*{re.escape(path.name)}:\d+|ERROR {re.escape(path.name)}::", out)]
-    assert not bad, f"case files in the docs that do not load: {bad}\n{out[-4000:]}"
-    assert proc.returncode in (0, 1), out[-4000:]
-    for path, origin in files:
-        assert f"{path.name}::" in out, f"{origin}: its cases did not run\n{out[-4000:]}"
+        fork = FORK_MARK.search(text)
+        by_tree.setdefault(fork.group(1) if fork else None, []).append((path, where(page, line)))
+    assert sum(map(len, by_tree.values())) >= 4, "the docs show case files: the block finder is broken"
+    for fork, files in by_tree.items():
+        args = [a for path, _ in files for a in ("--gradgate-cases", str(path))]
+        if fork:
+            root, _ = ggml_variant(fork)     # (the tree, its build)
+            args.append(f"--gradgate-ggml-src={root}")
+        proc = subprocess.run([sys.executable, "-m", "pytest", "--gradgate", "--gradgate-no-builtin", "-p",
+                               "no:cacheprovider", "-q", "-rA", *args], capture_output=True, text=True, cwd=tmp_path,
+                              env=dict(os.environ, PYTEST_ADDOPTS=""))
+        out = proc.stdout + proc.stderr
+        bad = [origin for path, origin in files
+               if re.search(rf"invalid case: \S*{re.escape(path.name)}:\d+|ERROR {re.escape(path.name)}::", out)]
+        assert not bad, f"case files in the docs that do not load: {bad}\n{out[-4000:]}"
+        assert proc.returncode in (0, 1), out[-4000:]
+        for path, origin in files:
+            assert f"{path.name}::" in out, f"{origin}: its cases did not run\n{out[-4000:]}"
 
 
 def test_python_tests_in_the_docs_pass(tmp_path):
