@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pytest_gradgate.check import precision
 from pytest_gradgate.check.metrics import ggml_index
 from pytest_gradgate.check.outcome import Diagnosis
 
@@ -32,14 +33,31 @@ class GradientSet:
     output_shape: tuple             # ne4 of the output
     grads: dict                     # param -> gradient, logical order, float64
     shapes: dict                    # param -> ne4
-    forward_steps: float = 1.0      # rounding steps of the forward (roundoff.rounding_steps)
+    forward_steps: float = 1.0      # rounding steps of the forward (roundoff.steps_of)
     steps: float = 1.0              # ... of the forward and the backward
     extra: dict = field(default_factory=dict)
+    matmul_steps: float = 0.0       # the part of `steps` in matmuls (roundoff.MATMULS)
+    forward_matmul_steps: float = 0.0   # ... of `forward_steps`
+    precision: str = "f32"          # what its matmuls round their inputs to (check/precision.py)
+
+    def variance(self, forward=False):
+        """Relative roundoff variance of this computation: each step of size F32_EPS, except
+        the matmuls' steps, of the size of this side's matmul precision."""
+        steps, matmul = (self.forward_steps, self.forward_matmul_steps) if forward else (self.steps,
+                                                                                         self.matmul_steps)
+        u = precision.matmul_eps(self.precision)
+        return F32_EPS ** 2 * (steps - matmul) + u ** 2 * matmul
 
 
 def nmse_limit(steps_a, steps_b):
     """NMSE two f32 computations of one quantity may show from their roundoff alone."""
     return (SAFETY * F32_EPS) ** 2 * max(steps_a + steps_b, 1.0)
+
+
+def set_limit(a, b, forward=False):
+    """NMSE GradientSets a and b may show from their roundoff alone, each at its own precision
+    (nmse_limit when both are f32)."""
+    return SAFETY ** 2 * max(a.variance(forward) + b.variance(forward), F32_EPS ** 2)
 
 
 def compare_values(a, b, limit, shape_ne, labels=("a", "b")):
@@ -154,13 +172,13 @@ def compare_sets(a, b):
         forward = {"nmse": float("inf"), "passed": False, "limit": 0.0, "labels": list(labels),
                    "shape_mismatch": [list(a.output_shape), list(b.output_shape)], "worst": []}
     else:
-        forward = compare_values(a.output, b.output, nmse_limit(a.forward_steps, b.forward_steps),
+        forward = compare_values(a.output, b.output, set_limit(a, b, forward=True),
                                  list(a.output_shape), labels)
     out = {"pair": f"{a.label}/{b.label}", "forward": forward, "forward_differs": not forward["passed"],
            "params": [], "failed": []}
     if out["forward_differs"]:
         return out
-    limit = nmse_limit(a.steps, b.steps)
+    limit = set_limit(a, b)
     for name, ga in a.grads.items():
         gb = b.grads[name]
         m = compare_values(ga, gb, limit, list(a.shapes[name]), labels)
