@@ -52,7 +52,7 @@ def write_sets(path, sets):
             arrays[f"{i}.grad.{j}"] = values
         meta.append({"label": s.label, "output_shape": list(s.output_shape), "params": list(s.grads),
                      "shapes": {k: list(v) for k, v in s.shapes.items()}, "forward_steps": s.forward_steps,
-                     "steps": s.steps, "matmul_steps": s.matmul_steps, "forward_matmul_steps": s.forward_matmul_steps})
+                     "steps": s.steps, "matmuls": s.matmuls, "forward_matmuls": s.forward_matmuls})
     arrays[_META] = np.array(json.dumps(meta))
     with open(path, "wb") as handle:
         np.savez(handle, **arrays)
@@ -67,6 +67,6 @@ def read_sets(path):
             grads = {name: data[f"{i}.grad.{j}"] for j, name in enumerate(m["params"])}
             sets.append(gradsets.GradientSet(m["label"], data[f"{i}.output"], tuple(m["output_shape"]), grads,
                                              {k: tuple(v) for k, v in m["shapes"].items()}, m["forward_steps"],
-                                             m["steps"], matmul_steps=m["matmul_steps"],
-                                             forward_matmul_steps=m["forward_matmul_steps"]))
+                                             m["steps"], matmuls=m["matmuls"],
+                                             forward_matmuls=m["forward_matmuls"]))
     return sets

@@ -84,8 +84,8 @@ def compute_formulation(case, lib, label, graph, phase):
                          else np.zeros(int(np.prod(shapes[name])))) for name in params}
         steps = roundoff.steps_of(case, graph)
         return gradsets.GradientSet(label, read_tensor(g, y), tuple(out_ne), values, shapes, steps.forward,
-                                    steps.total, matmul_steps=steps.total_matmul,
-                                    forward_matmul_steps=steps.forward_matmul, precision=case.matmul_precision)
+                                    steps.total, matmuls=steps.matmuls,
+                                    forward_matmuls=steps.forward_matmuls, precision=case.matmul_precision)
     finally:
         if session is not None and session != g.ffi.NULL:
             lib.gg_session_free(session)

@@ -36,17 +36,16 @@ class GradientSet:
     forward_steps: float = 1.0      # rounding steps of the forward (roundoff.steps_of)
     steps: float = 1.0              # ... of the forward and the backward
     extra: dict = field(default_factory=dict)
-    matmul_steps: float = 0.0       # the part of `steps` in matmuls (roundoff.MATMULS)
-    forward_matmul_steps: float = 0.0   # ... of `forward_steps`
+    matmuls: int = 0                # matmul products in the forward and backward (roundoff.Steps)
+    forward_matmuls: int = 0        # ... in the forward
     precision: str = "f32"          # what its matmuls round their inputs to (check/precision.py)
 
     def variance(self, forward=False):
-        """Relative roundoff variance of this computation: each step of size F32_EPS, except
-        the matmuls' steps, of the size of this side's matmul precision."""
-        steps, matmul = (self.forward_steps, self.forward_matmul_steps) if forward else (self.steps,
-                                                                                         self.matmul_steps)
-        u = precision.matmul_eps(self.precision)
-        return F32_EPS ** 2 * (steps - matmul) + u ** 2 * matmul
+        """(f32 part, input-rounding part) of this computation's relative roundoff variance: each
+        rounding step of size F32_EPS (matmuls' sums included: they still sum in f32), and,
+        where this side's matmuls round their inputs (TF32), precision.input_variance per matmul."""
+        steps, matmuls = (self.forward_steps, self.forward_matmuls) if forward else (self.steps, self.matmuls)
+        return F32_EPS ** 2 * steps, precision.input_variance(self.precision) * matmuls
 
 
 def nmse_limit(steps_a, steps_b):
@@ -57,7 +56,8 @@ def nmse_limit(steps_a, steps_b):
 def set_limit(a, b, forward=False):
     """NMSE GradientSets a and b may show from their roundoff alone, each at its own precision
     (nmse_limit when both are f32)."""
-    return SAFETY ** 2 * max(a.variance(forward) + b.variance(forward), F32_EPS ** 2)
+    (fa, ra), (fb, rb) = a.variance(forward), b.variance(forward)
+    return SAFETY ** 2 * max(fa + fb, F32_EPS ** 2) + precision.SAFETY ** 2 * (ra + rb)
 
 
 def compare_values(a, b, limit, shape_ne, labels=("a", "b")):

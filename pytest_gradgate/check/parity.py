@@ -66,7 +66,7 @@ def _what(r):
 
 def _relabelled(s, label):
     return gradsets.GradientSet(label, s.output, s.output_shape, s.grads, s.shapes, s.forward_steps, s.steps,
-                                matmul_steps=s.matmul_steps, forward_matmul_steps=s.forward_matmul_steps,
+                                matmuls=s.matmuls, forward_matmuls=s.forward_matmuls,
                                 precision=s.precision)
 
 

@@ -85,8 +85,8 @@ def rounding_steps(case, graph):
 class Steps:
     forward: float          # rounding steps of the forward
     total: float            # ... of the forward and the backward
-    forward_matmul: float   # the part of `forward` in matmuls' sums (MATMULS)
-    total_matmul: float     # ... of `total`
+    forward_matmuls: int = 0    # matmul products (MATMULS) the forward computes
+    matmuls: int = 0            # ... the forward and the backward compute (mul_mat's backward: one per operand)
 
 
 def steps_of(case, graph):
@@ -102,8 +102,8 @@ def steps_of(case, graph):
         totals[0] += fwd
         totals[1] += fwd + bwd
         if spec.name in MATMULS:
-            totals[2] += fwd
-            totals[3] += fwd + bwd
+            totals[2] += 1
+            totals[3] += 3
         return out
 
     walk(parse_graph(graph), leaves, apply)

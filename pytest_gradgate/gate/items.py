@@ -56,7 +56,7 @@ class CaseFile(pytest.File):
             for case in cases:
                 if not state.reference:     # with a reference tree, the parity items are the run
                     yield CaseItem.from_parent(self, name=f"{case.name}[{case.variant}]", case=case)
-                for against, of in parity.parity_cases(case, state):
+                for against, of in parity.parity_cases(case, state.settings["reference_src"]):
                     yield ParityItem.from_parent(self, name=f"{case.name}[{case.variant}-{against}]", case=of,
                                                  against=against)
         on_line = {}

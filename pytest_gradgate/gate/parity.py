@@ -75,9 +75,9 @@ class Reference:
             self.runner.close()
 
 
-def parity_cases(case, state):
-    """(kind, case) of the parity items of `case` in this run."""
-    if state.settings["reference_src"] is not None:
+def parity_cases(case, reference_src):
+    """(kind, case) of the parity items of `case` in a run with this --gradgate-reference-src."""
+    if reference_src is not None:
         return [(VS_REFERENCE, case)]
     if case.backend != "cpu":
         return [(VS_CPU, case)]
