@@ -83,6 +83,17 @@ _THREAD_BOUNDARY_CODE = """\
     for (int i1 = ir0; i1 < ir1_short; i1++) {
         ggml_vec_silu_backward_f32(nc,
 """
+# The "last-element" variant: the CPU SILU_BACK kernel gets one element wrong, the last of the
+# last row: its gradient is the incoming gradient alone, as if silu'(x) were 1 (a kernel that
+# computes one element from the wrong input, as one of CUDA's planted bugs did). The kernel's
+# vector call covers the row but that element, so every other element stays right.
+_LAST_ELEMENT_CODE = """\
+    for (int i1 = ir0; i1 < ir1; i1++) {
+        if (i1 == nr - 1) { // added by pytest-gradgate's last-element test variant
+            ((float *) ((char *) dst->data + i1*dst->nb[1]))[nc - 1] = ((float *) ((char *) grad->data + i1*grad->nb[1]))[nc - 1];
+        }
+        ggml_vec_silu_backward_f32(i1 == nr - 1 ? nc - 1 : nc,
+"""
 # The "sub-sign" variant: SUB's backward adds b's gradient instead of subtracting it (the
 # kind of sign bug RELU's backward once had). a's gradient stays right, b's is exactly -true.
 SUB_SIGN_ANCHOR = "                ggml_sub_or_set(ctx, cgraph, isrc1, grad);\n"
@@ -138,7 +149,7 @@ UNCAUGHT_VARIANTS = {"scale-negative": (SCALE_ANCHOR, _SCALE_NEGATIVE_CODE),
 # all three in one tree: one build for the tests that show explore finds each
 UNCAUGHT = "uncaught"
 
-VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "sub-sign", "input-strides", "transpose-half",
+VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "sub-sign", "input-strides", "transpose-half",
                                      "transpose-reshape") + tuple(UNCAUGHT_VARIANTS) + (UNCAUGHT,)
 
 
@@ -186,6 +197,8 @@ def make_variant(ggml_root, dest, name):
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", INPUT_STRIDES_ANCHOR, _INPUT_STRIDES_CODE)
     elif name == "thread-boundary":
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", THREAD_BOUNDARY_ANCHOR, _THREAD_BOUNDARY_CODE)
+    elif name == "last-element":
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", THREAD_BOUNDARY_ANCHOR, _LAST_ELEMENT_CODE)
     else:
         insert_before(dest / "src" / "ggml.c", BACKWARD_ANCHOR, CONCAT_VARIANTS[name])
     return dest

@@ -372,8 +372,9 @@ def _compare(result, case, checks, predictions, shapes, laid_out=()):
         if not m["passed"]:
             reads = (f"its input {name} (through producer '{case.producer}')"
                      if name in laid_out and case.consumer == "none" else "the incoming gradient")
-            kind, m["diagnosis"] = c.get("diagnosis") or metrics.diagnose(c["analytic"], c["numeric"], c["noise"],
-                                                                          m, case.max_maa, reads)
+            kind, m["diagnosis"] = c.get("diagnosis") or metrics.diagnose(
+                c["analytic"], c["numeric"], c["noise"], m, case.max_maa, reads,
+                shape_ne=ne if case.mode == "full" else None)
             m["diagnosis_kind"] = str(kind)
             failed.append(name)
             if case.mode == "full":

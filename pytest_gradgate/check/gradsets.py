@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pytest_gradgate.check import precision
+from pytest_gradgate.check import concentration, precision
 from pytest_gradgate.check.metrics import ggml_index
 from pytest_gradgate.check.outcome import Diagnosis
 
@@ -118,7 +118,7 @@ def _recurring(a, b, seed=0):
     return max(_found(a, b) - same_place, 0.0), _found(control, b)
 
 
-def diagnose(a, b, m, labels):
+def diagnose(a, b, m, labels, shape_ne=None):
     """(Diagnosis, sentence) for two gradients that differ: the verdict classes of the
     finite-difference check (metrics.diagnose), said of two computations, neither the truth,
     and each claimed only on evidence this comparison has."""
@@ -147,6 +147,12 @@ def diagnose(a, b, m, labels):
         # only a scale whose undoing makes the two agree (as metrics.diagnose)
         if k != 0 and compare_values(a / k, b, m["limit"], [a.size, 1, 1, 1])["passed"]:
             return Diagnosis.WRONG_SCALE, f"wrong scale: {la} = {k:.4g} x {lb} (cosine {cos:.4f})"
+    few = concentration.concentrated(
+        a - b, lambda i: ggml_index(i, shape_ne or [a.size, 1, 1, 1]),
+        lambda keep: compare_values(a[keep], b[keep], m["limit"], [int(keep.sum()), 1, 1, 1])["passed"])
+    if few is not None:
+        return Diagnosis.CONCENTRATED, f"{few} (cosine {cos:.6f})"
+    if abs(cos) > 0.999:
         return Diagnosis.DISAGREE, (f"values disagree by an error spread over the elements, with no wrong scale, sign "
                                     f"or positions behind it (cosine {cos:.6f}, {la} = {k:.6g} x {lb})")
     for x, y, lx, ly in ((a, b, la, lb), (b, a, lb, la)):
@@ -184,7 +190,7 @@ def compare_sets(a, b):
         m = compare_values(ga, gb, limit, list(a.shapes[name]), labels)
         m.update(name=name, shape=list(a.shapes[name]), pair=out["pair"])
         if not m["passed"]:
-            kind, m["diagnosis"] = diagnose(ga, gb, m, labels)
+            kind, m["diagnosis"] = diagnose(ga, gb, m, labels, list(a.shapes[name]))
             m["diagnosis_kind"] = str(kind)
             out["failed"].append(name)
         out["params"].append(m)
