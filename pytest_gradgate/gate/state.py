@@ -62,8 +62,8 @@ class GateState:
         return self.source
 
     def build_options(self):
-        from pytest_gradgate.library.options import BuildOptions
-        return BuildOptions(build_type=self.settings["build_type"], backends=tuple(sorted(set(self.backends))),
+        from pytest_gradgate.library.options import BuildOptions, build_backends
+        return BuildOptions(build_type=self.settings["build_type"], backends=build_backends(self.backends),
                             cuda_arch=self.settings["cuda_arch"])
 
     def ensure_build(self):
