@@ -187,3 +187,33 @@ def test_the_tf32_limit_takes_a_tf32_matmul_and_still_refuses_a_one_percent_scal
     assert precision.matmul_precision("cuda") == "tf32" and precision.matmul_precision("cpu") == "f32"
     assert precision.matmul_precision("cpu", precision.parse_backends("cpu,cuda")) == "tf32"
     assert precision.parse_backends("none") == ()
+
+
+MATMUL_HEAVY = "mul_mat or attention or mlp"
+
+
+@pytest.mark.slow
+def test_a_tf32_matmul_is_green_under_its_precision_and_a_one_percent_scale_error_stays_red(
+        pytester, monkeypatch, ggml_variant, default_ggml):
+    """ggml_variants.py 'tf32-matmul' rounds the CPU mul_mat's inputs to TF32, as CUDA's cuBLAS
+    calls do. Told so (--gradgate-tf32 cpu), its built-in matmul-heavy items (mul_mat, the
+    attention and MLP cases, up to 1.5B head sizes) all pass against the default ggml; with the
+    f32 limits (--gradgate-tf32 none) they are red: the precision model is what makes them green.
+    'tf32-matmul-scaled' adds a 1% scale error to mul_mat's backward: red, diagnosed as the
+    wrong scale, under the TF32 limits too."""
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(USER_CACHE))
+    for name in ("GITHUB_ACTIONS", "GRADGATE_GGML_SRC", "GRADGATE_BASELINE", "GRADGATE_REFERENCE_SRC", "GRADGATE_TF32"):
+        monkeypatch.delenv(name, raising=False)
+
+    def gate(variant, tf32):
+        return pytester.runpytest_subprocess("--gradgate", "-k", MATMUL_HEAVY, "--gradgate-tf32", tf32,
+                                             "--gradgate-ggml-src", str(ggml_variant(variant)[0]),
+                                             "--gradgate-reference-src", str(default_ggml), "-p", "no:cacheprovider")
+    green = gate("tf32-matmul", "cpu")
+    outcomes = green.parseoutcomes()
+    assert outcomes.get("passed", 0) >= 20 and "failed" not in outcomes, outcomes
+    assert gate("tf32-matmul", "none").parseoutcomes().get("failed", 0) == outcomes["passed"]
+    scaled = gate("tf32-matmul-scaled", "cpu")
+    assert scaled.parseoutcomes().get("failed", 0) == outcomes["passed"]
+    scaled.stdout.fnmatch_lines(["*attention_gqa_1p5b[[]none-sqr-cpu-vs-reference[]]*wrong scale: tested = 1.01 x "
+                                 "reference*"])

@@ -52,7 +52,8 @@ def write_sets(path, sets):
             arrays[f"{i}.grad.{j}"] = values
         meta.append({"label": s.label, "output_shape": list(s.output_shape), "params": list(s.grads),
                      "shapes": {k: list(v) for k, v in s.shapes.items()}, "forward_steps": s.forward_steps,
-                     "steps": s.steps, "matmuls": s.matmuls, "forward_matmuls": s.forward_matmuls})
+                     "steps": s.steps, "matmuls": s.matmuls, "forward_matmuls": s.forward_matmuls,
+                     "precision": s.precision})
     arrays[_META] = np.array(json.dumps(meta))
     with open(path, "wb") as handle:
         np.savez(handle, **arrays)
@@ -68,5 +69,5 @@ def read_sets(path):
             sets.append(gradsets.GradientSet(m["label"], data[f"{i}.output"], tuple(m["output_shape"]), grads,
                                              {k: tuple(v) for k, v in m["shapes"].items()}, m["forward_steps"],
                                              m["steps"], matmuls=m["matmuls"],
-                                             forward_matmuls=m["forward_matmuls"]))
+                                             forward_matmuls=m["forward_matmuls"], precision=m["precision"]))
     return sets
