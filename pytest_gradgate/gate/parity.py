@@ -109,7 +109,10 @@ def run(state, case, against):
         for c in cases:
             if os.path.exists(c.gradients_out):
                 os.unlink(c.gradients_out)
-    return parity.judge(case, sides, loaded)
+    result = parity.judge(case, sides, loaded)
+    # the item's id, not the case's: a CUDA case's own item and its parity item both report
+    result.case_id = f"{case.name}[{case.variant}-{against}]"
+    return result
 
 
 def _side_case(state, case, folder, side, backend):
