@@ -48,6 +48,11 @@ def pytest_configure(config):
     from pytest_gradgate.library.cmake import gpu_visible
     from pytest_gradgate.errors import GradgateError
     from pytest_gradgate.gate.selection import gate_args
+    from pytest_gradgate.check.precision import parse_backends
+    unknown = [b for b in parse_backends(state.settings["tf32"]) if b not in ("cpu", "cuda")]
+    if unknown:
+        raise pytest.UsageError(f"--gradgate-tf32 / GRADGATE_TF32 / ini gradgate_tf32: '{unknown[0]}' is not a "
+                                "backend; name cpu or cuda (comma-separated), or none")
     if "cuda" in state.backends and not gpu_visible():
         raise pytest.UsageError(
             f"--gradgate-backend {state.settings['backend']}: no NVIDIA GPU is visible on this machine "
@@ -59,6 +64,8 @@ def pytest_configure(config):
         extra.append(str(Path(p).resolve()))
     try:
         state.choose_source()       # a bad path is a usage error now; the default is fetched on first use
+        from pytest_gradgate.gate import parity
+        parity.configure(state)     # ... and so is a bad --gradgate-reference-src
         state.load_baseline()
     except GradgateError as exc:
         raise pytest.UsageError(f"gradgate: {exc}") from None
@@ -115,6 +122,9 @@ def pytest_report_header(config):
     lines = [f"gradgate: ggml from {state.source.label}; {state.settings['build_type']} build for "
              f"{', '.join(state.backends)}, made or found when the first case runs",
              f"gradgate: isolate={state.settings['isolate']}" + _no_fork_note(state) + _jobs_note(state)]
+    if state.reference is not None:
+        lines.append(f"gradgate: parity against the reference ggml from {state.reference.source.label} "
+                     "(--gradgate-reference-src): analytic gradients only, no finite differences")
     b = state.baseline
     if b is not None:
         line = f"gradgate: baseline {b.path} ({len(b)} known failures"

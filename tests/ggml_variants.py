@@ -83,6 +83,48 @@ _THREAD_BOUNDARY_CODE = """\
     for (int i1 = ir0; i1 < ir1_short; i1++) {
         ggml_vec_silu_backward_f32(nc,
 """
+# The "last-element" variant: the CPU SILU_BACK kernel gets one element wrong, the last of the
+# last row: its gradient is the incoming gradient alone, as if silu'(x) were 1 (a kernel that
+# computes one element from the wrong input, as one of CUDA's planted bugs did). The kernel's
+# vector call covers the row but that element, so every other element stays right.
+_LAST_ELEMENT_CODE = """\
+    for (int i1 = ir0; i1 < ir1; i1++) {
+        if (i1 == nr - 1) { // added by pytest-gradgate's last-element test variant
+            ((float *) ((char *) dst->data + i1*dst->nb[1]))[nc - 1] = ((float *) ((char *) grad->data + i1*grad->nb[1]))[nc - 1];
+        }
+        ggml_vec_silu_backward_f32(i1 == nr - 1 ? nc - 1 : nc,
+"""
+# The "tf32-matmul" variant: the CPU's f32 mul_mat rounds its inputs to TF32 (a 10-bit
+# mantissa, to nearest even) and sums the products in f32, as ggml-cuda's cuBLAS calls do on
+# tensor cores: the CPU stands in for CUDA's arithmetic, which --gradgate-tf32 cpu tells the
+# limits. Only the F32 entry of the CPU's type traits changes (mul_mat's dot product).
+# "tf32-matmul-scaled" adds a 1% scale error to mul_mat's backward for its first operand.
+TF32_ANCHOR = "static const struct ggml_type_traits_cpu type_traits_cpu[GGML_TYPE_COUNT] = {\n"
+_TF32_CODE = """\
+// added by pytest-gradgate's tf32-matmul test variant
+static float gradgate_tf32(float v) {
+    uint32_t b;
+    memcpy(&b, &v, sizeof(b));
+    b = (b + 0xFFFu + ((b >> 13) & 1u)) & ~0x1FFFu;
+    memcpy(&v, &b, sizeof(v));
+    return v;
+}
+static void gradgate_vec_dot_tf32(int n, float * GGML_RESTRICT s, size_t bs, const float * GGML_RESTRICT x, size_t bx,
+                                  const float * GGML_RESTRICT y, size_t by, int nrc) {
+    GGML_UNUSED(bs); GGML_UNUSED(bx); GGML_UNUSED(by); GGML_UNUSED(nrc);
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        sum += gradgate_tf32(x[i]) * gradgate_tf32(y[i]);
+    }
+    *s = sum;
+}
+"""
+TF32_DOT_LINE = "        .vec_dot                  = (ggml_vec_dot_t) ggml_vec_dot_f32,\n"
+_TF32_DOT_CODE = "        .vec_dot                  = (ggml_vec_dot_t) gradgate_vec_dot_tf32, // pytest-gradgate's tf32-matmul\n"
+MUL_MAT_SRC0_ANCHOR = "                ggml_add_or_set(ctx, cgraph, isrc0, tmp);\n"
+_MUL_MAT_SCALED_CODE = ("                ggml_add_or_set(ctx, cgraph, isrc0, ggml_scale(ctx, tmp, 1.01f));"
+                        " // pytest-gradgate's tf32-matmul-scaled test variant\n")
+
 # The "sub-sign" variant: SUB's backward adds b's gradient instead of subtracting it (the
 # kind of sign bug RELU's backward once had). a's gradient stays right, b's is exactly -true.
 SUB_SIGN_ANCHOR = "                ggml_sub_or_set(ctx, cgraph, isrc1, grad);\n"
@@ -201,7 +243,8 @@ _WALK_SCALE_TASKS = ("        case GGML_OP_OPT_STEP_ADAMW:\n        case GGML_OP
                      "        case GGML_OP_WALK_SCALE: // pytest-gradgate's walk-scale variant\n"
                      "        case GGML_OP_OPT_STEP_ADAMW:\n        case GGML_OP_OPT_STEP_SGD:\n            {\n                n_tasks = n_threads;")
 
-VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "sub-sign", "input-strides", "transpose-half",
+VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "tf32-matmul",
+                                     "tf32-matmul-scaled", "sub-sign", "input-strides", "transpose-half",
                                      "transpose-reshape") + tuple(UNCAUGHT_VARIANTS) + (UNCAUGHT,) + tuple(WALK_SCALE_VARIANTS)
 
 
@@ -278,6 +321,14 @@ def make_variant(ggml_root, dest, name):
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", INPUT_STRIDES_ANCHOR, _INPUT_STRIDES_CODE)
     elif name == "thread-boundary":
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", THREAD_BOUNDARY_ANCHOR, _THREAD_BOUNDARY_CODE)
+    elif name in ("tf32-matmul", "tf32-matmul-scaled"):
+        cpu = dest / "src" / "ggml-cpu" / "ggml-cpu.c"
+        insert_before(cpu, TF32_ANCHOR, _TF32_CODE)
+        replace_once(cpu, TF32_DOT_LINE, _TF32_DOT_CODE)
+        if name == "tf32-matmul-scaled":
+            replace_once(dest / "src" / "ggml.c", MUL_MAT_SRC0_ANCHOR, _MUL_MAT_SCALED_CODE)
+    elif name == "last-element":
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", THREAD_BOUNDARY_ANCHOR, _LAST_ELEMENT_CODE)
     else:
         insert_before(dest / "src" / "ggml.c", BACKWARD_ANCHOR, CONCAT_VARIANTS[name])
     return dest

@@ -93,3 +93,35 @@ def test_bad_backend_value_in_pytest_names_its_source(pytester, monkeypatch):
     result = pytester.runpytest_subprocess("--gradgate", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: environment GRADGATE_BACKEND: 'gpu' is not one of cpu, cuda, all"])
+
+
+def test_one_build_that_holds_cuda_serves_cuda_all_and_cpu(default_ggml, tmp_path, monkeypatch):
+    """`gradgate build --backend all` and a run with --gradgate-backend cuda or all ask for one
+    build (ggml's CPU backend is in every build): one key. A CPU run finds it through the
+    CPU-only key its build-info records, when no CPU-only build exists (and, in find_build,
+    a GPU is visible: without one a CUDA build may not load). Checked on a recorded
+    build-info in an empty cache, since compiling CUDA here takes long; before the fix the
+    gate asked for backends ("cuda",) and the CLI for ("cpu", "cuda"): two keys, two builds."""
+    import json
+    from pytest_gradgate.library.cmake import BUILD_INFO, LIBRARY_NAME, cpu_key_served, find_build, find_serving_build
+    from pytest_gradgate.library.options import build_backends
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(tmp_path))
+    cuda_run = BuildOptions(backends=build_backends(("cuda",)), cuda_arch="90")
+    all_run = BuildOptions(backends=build_backends(("cpu", "cuda")), cuda_arch="90")
+    key = cache_key(default_ggml, CUDA_90)
+    assert cache_key(default_ggml, cuda_run) == cache_key(default_ggml, all_run) == key
+    assert cache_key(default_ggml, BuildOptions(backends=("cuda",), cuda_arch="90")) == key
+    # what ensure_build records for a CUDA build (its library here a stand-in file: only the lookup is checked)
+    entry = tmp_path / "builds" / key
+    entry.mkdir(parents=True)
+    (entry / LIBRARY_NAME).write_bytes(b"")
+    served = cpu_key_served(default_ggml, CUDA_90)
+    (entry / BUILD_INFO).write_text(json.dumps({"key": key, "options": {}, "serves_cpu": served}))
+    assert served == cache_key(default_ggml, BuildOptions())
+    assert find_build(default_ggml, cuda_run).path == entry
+    assert find_build(default_ggml, all_run).path == entry
+    assert find_serving_build(cache_key(default_ggml, BuildOptions())).path == entry
+    assert find_serving_build(cache_key(default_ggml, BuildOptions(build_type="Debug"))) is None
+    assert cpu_key_served(default_ggml, BuildOptions()) is None
+    found = find_build(default_ggml, BuildOptions())
+    assert (found is not None and found.path == entry) if gpu_visible() else found is None

@@ -51,7 +51,7 @@ def compute_formulation(case, lib, label, graph, phase):
     g = GraphBuilder(lib, case, n_tensors=graph_tensors(case, lines))
     session = None
     try:
-        leaves, params, _, _ = build_leaves(g, case)
+        leaves, params, shapes, _ = build_leaves(g, case)
         y = walk(lines, leaves, lambda spec, tensors, p: spec.build(g, tensors, p), table_for(case.ops))
         z = g.contiguous(CONSUMERS[case.consumer].build(g, y))
         loss = LOSSES[case.loss].build(g, z)
@@ -79,11 +79,14 @@ def compute_formulation(case, lib, label, graph, phase):
             raise _Stop(Status.ERROR, Phase.COMPUTE, f"formulation '{label}': backward compute failed "
                         f"(ggml_status {status})")
         out_ne, _ = g.layout(y)
-        shapes = {name: ne4(case.params[name]) for name in params}
+        # the leaves' shapes: through a producer (a parity side's case) a leaf is laid out otherwise
+        shapes = {name: ne4(shapes[name]) for name in params}
         values = {name: (read_tensor(g, grads[name]) if grads[name] != g.ffi.NULL
                          else np.zeros(int(np.prod(shapes[name])))) for name in params}
-        forward_steps, steps = roundoff.rounding_steps(case, graph)
-        return gradsets.GradientSet(label, read_tensor(g, y), tuple(out_ne), values, shapes, forward_steps, steps)
+        steps = roundoff.steps_of(case, graph)
+        return gradsets.GradientSet(label, read_tensor(g, y), tuple(out_ne), values, shapes, steps.forward,
+                                    steps.total, matmuls=steps.matmuls,
+                                    forward_matmuls=steps.forward_matmuls, precision=case.matmul_precision)
     finally:
         if session is not None and session != g.ffi.NULL:
             lib.gg_session_free(session)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pytest_gradgate.check import concentration, precision
 from pytest_gradgate.check.metrics import ggml_index
 from pytest_gradgate.check.outcome import Diagnosis
 
@@ -32,14 +33,31 @@ class GradientSet:
     output_shape: tuple             # ne4 of the output
     grads: dict                     # param -> gradient, logical order, float64
     shapes: dict                    # param -> ne4
-    forward_steps: float = 1.0      # rounding steps of the forward (roundoff.rounding_steps)
+    forward_steps: float = 1.0      # rounding steps of the forward (roundoff.steps_of)
     steps: float = 1.0              # ... of the forward and the backward
     extra: dict = field(default_factory=dict)
+    matmuls: int = 0                # matmul products in the forward and backward (roundoff.Steps)
+    forward_matmuls: int = 0        # ... in the forward
+    precision: str = "f32"          # what its matmuls round their inputs to (check/precision.py)
+
+    def variance(self, forward=False):
+        """(f32 part, input-rounding part) of this computation's relative roundoff variance: each
+        rounding step of size F32_EPS (matmuls' sums included: they still sum in f32), and,
+        where this side's matmuls round their inputs (TF32), precision.input_variance per matmul."""
+        steps, matmuls = (self.forward_steps, self.forward_matmuls) if forward else (self.steps, self.matmuls)
+        return F32_EPS ** 2 * steps, precision.input_variance(self.precision) * matmuls
 
 
 def nmse_limit(steps_a, steps_b):
     """NMSE two f32 computations of one quantity may show from their roundoff alone."""
     return (SAFETY * F32_EPS) ** 2 * max(steps_a + steps_b, 1.0)
+
+
+def set_limit(a, b, forward=False):
+    """NMSE GradientSets a and b may show from their roundoff alone, each at its own precision
+    (nmse_limit when both are f32)."""
+    (fa, ra), (fb, rb) = a.variance(forward), b.variance(forward)
+    return SAFETY ** 2 * max(fa + fb, F32_EPS ** 2) + precision.SAFETY ** 2 * (ra + rb)
 
 
 def compare_values(a, b, limit, shape_ne, labels=("a", "b")):
@@ -100,7 +118,7 @@ def _recurring(a, b, seed=0):
     return max(_found(a, b) - same_place, 0.0), _found(control, b)
 
 
-def diagnose(a, b, m, labels):
+def diagnose(a, b, m, labels, shape_ne=None):
     """(Diagnosis, sentence) for two gradients that differ: the verdict classes of the
     finite-difference check (metrics.diagnose), said of two computations, neither the truth,
     and each claimed only on evidence this comparison has."""
@@ -129,6 +147,12 @@ def diagnose(a, b, m, labels):
         # only a scale whose undoing makes the two agree (as metrics.diagnose)
         if k != 0 and compare_values(a / k, b, m["limit"], [a.size, 1, 1, 1])["passed"]:
             return Diagnosis.WRONG_SCALE, f"wrong scale: {la} = {k:.4g} x {lb} (cosine {cos:.4f})"
+    few = concentration.concentrated(
+        a - b, lambda i: ggml_index(i, shape_ne or [a.size, 1, 1, 1]),
+        lambda keep: compare_values(a[keep], b[keep], m["limit"], [int(keep.sum()), 1, 1, 1])["passed"])
+    if few is not None:
+        return Diagnosis.CONCENTRATED, f"{few} (cosine {cos:.6f})"
+    if abs(cos) > 0.999:
         return Diagnosis.DISAGREE, (f"values disagree by an error spread over the elements, with no wrong scale, sign "
                                     f"or positions behind it (cosine {cos:.6f}, {la} = {k:.6g} x {lb})")
     for x, y, lx, ly in ((a, b, la, lb), (b, a, lb, la)):
@@ -154,19 +178,19 @@ def compare_sets(a, b):
         forward = {"nmse": float("inf"), "passed": False, "limit": 0.0, "labels": list(labels),
                    "shape_mismatch": [list(a.output_shape), list(b.output_shape)], "worst": []}
     else:
-        forward = compare_values(a.output, b.output, nmse_limit(a.forward_steps, b.forward_steps),
+        forward = compare_values(a.output, b.output, set_limit(a, b, forward=True),
                                  list(a.output_shape), labels)
     out = {"pair": f"{a.label}/{b.label}", "forward": forward, "forward_differs": not forward["passed"],
            "params": [], "failed": []}
     if out["forward_differs"]:
         return out
-    limit = nmse_limit(a.steps, b.steps)
+    limit = set_limit(a, b)
     for name, ga in a.grads.items():
         gb = b.grads[name]
         m = compare_values(ga, gb, limit, list(a.shapes[name]), labels)
         m.update(name=name, shape=list(a.shapes[name]), pair=out["pair"])
         if not m["passed"]:
-            kind, m["diagnosis"] = diagnose(ga, gb, m, labels)
+            kind, m["diagnosis"] = diagnose(ga, gb, m, labels, list(a.shapes[name]))
             m["diagnosis_kind"] = str(kind)
             out["failed"].append(name)
         out["params"].append(m)

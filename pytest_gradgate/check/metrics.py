@@ -25,6 +25,7 @@ An earlier model (roundoff x sqrt(number of loss terms), truncation = gap / 3) g
 
 import numpy as np
 
+from pytest_gradgate.check import concentration
 from pytest_gradgate.check.outcome import Diagnosis
 
 F32_EPS = float(np.finfo(np.float32).eps)
@@ -184,10 +185,12 @@ def fraction_found(analytic, numeric, noise, seed=0):
     return found(a), found(control)
 
 
-def diagnose(analytic, numeric, noise, metrics, max_maa, reads="the incoming gradient"):
+def diagnose(analytic, numeric, noise, metrics, max_maa, reads="the incoming gradient", shape_ne=None):
     """(Diagnosis kind, a sentence a person can act on) for a comparison that failed. `reads`:
     what a backward whose values land at wrong positions misreads (through a producer and a
-    contiguous consumer, the gradient arrives contiguous: it is the laid-out input)."""
+    contiguous consumer, the gradient arrives contiguous: it is the laid-out input). shape_ne:
+    the param's ne, when the values are its elements (full mode): then an error held by a few
+    elements is said to be (check/concentration.py)."""
     if metrics.get("nonfinite_analytic") and metrics.get("nonfinite_numeric"):
         return Diagnosis.NONFINITE_LOSS, (f"the loss itself is not finite at these inputs ({metrics['nonfinite_analytic']} analytic and "
                 f"{metrics['nonfinite_numeric']} numeric gradient values are NaN/Inf, first at "
@@ -219,14 +222,19 @@ def diagnose(analytic, numeric, noise, metrics, max_maa, reads="the incoming gra
         return Diagnosis.WRONG_POSITIONS, (f"right values at wrong positions: {found:.0%} of the analytic values that disagree "
                 f"occur in the numeric gradient at other positions, some repeated or missing (cosine {cos:.3f}); the backward reads "
                 f"{reads} with the wrong strides or offsets")
+    k = float(a @ n / max(n @ n, TINY))
     if abs(cos) > 0.999:
-        k = float(a @ n / max(n @ n, TINY))
         if abs(k + 1) < 0.01:
             return Diagnosis.WRONG_SIGN, "wrong sign: analytic = -numeric"
         # a scale is the wrong only where undoing it makes the two agree: an error spread over
         # the elements (CUDA's f32 matmuls in TF32, seen on an H200) also has cosine 1 and k = 1
         if k != 0 and verdict(a / k, n, noise, max_maa)[1]:
             return Diagnosis.WRONG_SCALE, f"wrong scale: analytic = {k:.4g} x numeric (cosine {cos:.4f})"
+    few = None if shape_ne is None else concentration.concentrated(
+        a - n, lambda i: ggml_index(i, shape_ne), lambda keep: verdict(a[keep], n[keep], noise[keep], max_maa)[1])
+    if few is not None:
+        return Diagnosis.CONCENTRATED, f"{few} (cosine {cos:.6f})"
+    if abs(cos) > 0.999:
         return Diagnosis.DISAGREE, (f"values disagree by an error spread over the elements, with no wrong scale, sign "
                                     f"or positions behind it (cosine {cos:.6f}, analytic = {k:.6g} x numeric)")
     return Diagnosis.DISAGREE, f"values disagree (cosine {cos:.3f}, norm ratio {metrics['norm_ratio']:.3g})"

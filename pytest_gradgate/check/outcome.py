@@ -61,6 +61,7 @@ class Diagnosis(_Word):
     WRONG_SCALE = "wrong-scale"
     WRONG_SIGN = "wrong-sign"
     DROPPED = "dropped"                   # analytic zero where the numeric one is not
+    CONCENTRATED = "concentrated"         # a few elements hold the error, the others agree (named)
     DISAGREE = "disagree"                 # none of the above
     FORWARD_DIFFERS = "forward-differs"   # equivalence: the formulations' outputs differ; no gradient claim
     NONFINITE_BACKWARD = "nonfinite-backward"

@@ -28,6 +28,7 @@ the pure re-indexings, which give bit-identical gradients; the bugs of tests/tes
 (wrong positions, wrong sign) come out 10^6 to 10^11 times above it.
 """
 
+from dataclasses import dataclass
 from math import prod
 
 from pytest_gradgate.declare.expr import parse_graph
@@ -69,20 +70,42 @@ def _op_steps(name, s, out):
     return 2, 2                                           # elementwise (exp, sqrt, silu, ...): a rounding or two
 
 
+# ops whose f32 products a backend may round to TF32 (ggml-cuda's cuBLAS calls): mul_mat, and
+# out_prod, which mul_mat's backward is made of (check/precision.py)
+MATMULS = frozenset({"mul_mat", "out_prod"})
+
+
 def rounding_steps(case, graph):
     """(forward steps, forward + backward steps) of one graph of `case`, through its loss."""
+    steps = steps_of(case, graph)
+    return steps.forward, steps.total
+
+
+@dataclass(frozen=True)
+class Steps:
+    forward: float          # rounding steps of the forward
+    total: float            # ... of the forward and the backward
+    forward_matmuls: int = 0    # matmul products (MATMULS) the forward computes
+    matmuls: int = 0            # ... the forward and the backward compute (mul_mat's backward: one per operand)
+
+
+def steps_of(case, graph):
+    """The Steps of one graph of `case`, through its loss."""
     leaves = {name: ne4(shape) for name, shape in case.params.items()}
     for name, spec in case.inputs.items():
         leaves[name] = KnownShape(input_shape(spec))
-    totals = [0, 0]
+    totals = [0, 0, 0, 0]
 
     def apply(spec, tensors, params):
         out = tuple(spec.shape(tensors, params))
         fwd, bwd = _op_steps(spec.name, {k: v for k, v in tensors.items() if v is not None}, out)
         totals[0] += fwd
         totals[1] += fwd + bwd
+        if spec.name in MATMULS:
+            totals[2] += 1
+            totals[3] += 3
         return out
 
     walk(parse_graph(graph), leaves, apply)
     # the loss: sqr and its weights round once each way; its sum does not reach the gradient
-    return totals[0] + 1, totals[1] + 2
+    return Steps(totals[0] + 1, totals[1] + 2, totals[2], totals[3])

@@ -30,7 +30,8 @@ def add_arguments(p):
 
 def options_from(args):
     from pytest_gradgate.library.cmake import gpu_visible
-    backends = ("cpu", "cuda") if args.backend in ("cuda", "all") else ("cpu",)
+    from pytest_gradgate.library.options import build_backends
+    backends = build_backends(("cpu", "cuda") if args.backend == "all" else (args.backend,))
     if "cuda" in backends and args.cuda_arch == "native" and not gpu_visible():
         raise UsageError(f"--backend {args.backend} --cuda-arch native needs a visible NVIDIA GPU and there is "
                          "none here; give the architecture to build for, e.g. --cuda-arch 90")

@@ -45,7 +45,7 @@ class Case:
     max_maa: float = DEFAULT_MAX_MAA
     seed: int = 0
     backend: str = "cpu"
-    mode: str = "full"                  # "full": every element; "fast": random directions; "equivalence"
+    mode: str = "full"                  # "full": every element; "fast": random directions; "equivalence"; "parity"
     directions: int = 6                 # fast mode: how many directions
     timeout: float = 0.0                # seconds; 0 = sized from the case by the runner
     threads: int = DEFAULT_THREADS      # CPU threads of the analytic backward (forwards: one)
@@ -56,6 +56,12 @@ class Case:
     equivalent: dict = field(default_factory=dict)
     # ops the case file declares by their C prototype (a fork's own): name -> prototype
     ops: dict = field(default_factory=dict)
+    # what the backend's f32 matmuls round their inputs to, for the roundoff limits of the
+    # comparisons of analytic gradients (check/precision.py): "f32" or "tf32"
+    matmul_precision: str = "f32"
+    # one side of a parity item (mode "parity", gate/parity.py): the worker writes the case's
+    # analytic gradients to this .npz file (check/analytic.py) and takes no finite differences
+    gradients_out: str = ""
 
     @functools.cached_property
     def op(self):

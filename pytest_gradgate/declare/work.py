@@ -11,8 +11,8 @@ def estimated_work(case):
     """A rough guess of a case's work: the forward evaluations its check takes, times its
     param elements (each evaluation runs the whole graph, which reads every one of them)."""
     n = case.n_param_elements()
-    if case.equivalent:                     # each formulation once: no finite differences
-        return n * len(case.equivalent)
+    if case.equivalent or case.gradients_out:     # each formulation once: no finite differences
+        return n * max(len(case.equivalent), 1)
     if case.mode == "fast":
         return n * case.directions * case.stencil
     return n * n * case.stencil             # full mode: `stencil` evaluations per element

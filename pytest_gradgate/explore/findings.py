@@ -241,11 +241,11 @@ class KnownFailures:
         return None
 
 
-# one wrong backward shows as disagree or wrong positions depending on the draw; a wrong scale,
+# one wrong backward shows as disagree, wrong positions or a few wrong elements depending on the draw; a wrong scale,
 # a wrong sign and a dropped gradient are other bugs
-_FAMILIES = {"wrong-positions": "misread", "disagree": "misread"}
+_FAMILIES = {"wrong-positions": "misread", "disagree": "misread", "concentrated": "misread"}
 _REASON_FAMILIES = (("the forward mishandles this layout", "forward-wrong-on-layout"),
-                    ("right values at wrong positions", "misread"), ("values disagree", "misread"),
+                    ("right values at wrong positions", "misread"), ("values disagree", "misread"), ("elements wrong:", "misread"),
                     ("wrong scale", "wrong-scale"), ("wrong sign", "wrong-sign"), ("drops this gradient", "dropped"))
 
 

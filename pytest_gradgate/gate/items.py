@@ -28,8 +28,11 @@ class CaseFile(pytest.File):
         from pytest_gradgate.declare.case import full_mode_problem
         from pytest_gradgate.declare.collection_memo import load_file_remembered
         from pytest_gradgate.errors import CaseError
+        from pytest_gradgate.check import precision
+        from pytest_gradgate.gate import parity
         from pytest_gradgate.gate.selection import is_builtin
         state = state_of(self.config)
+        tf32 = precision.parse_backends(state.settings["tf32"])
         loaded, errors = load_file_remembered(self.path, state.backends, builtin=is_builtin(self.path))
         mode = state.settings["mode"]   # --gradgate-mode overrides every case's own mode
         loaded = _without_missing_ops(loaded, errors, state, self.path)
@@ -41,6 +44,10 @@ class CaseFile(pytest.File):
             # (not an equivalence case's: it compares formulations, it has no finite differences to switch)
             cases = [dataclasses.replace(c, mode=mode) if mode and c.mode != mode and not c.equivalent else c
                      for c in entry.cases]
+            # the precision of each backend's matmuls, for the limits of analytic comparisons
+            cases = [c if c.matmul_precision == precision.matmul_precision(c.backend, tf32) else
+                     dataclasses.replace(c, matmul_precision=precision.matmul_precision(c.backend, tf32))
+                     for c in cases]
             # refused now, with its cost, not after minutes of silence (the mode as overridden)
             too_big = full_mode_problem(cases[0]) if cases else None
             if too_big:   # one error for the declaration, not one per variant
@@ -48,7 +55,11 @@ class CaseFile(pytest.File):
                 errors.append(CaseError(f"case '{entry.name}'{how}: {too_big}", self.path, entry.line))
                 continue
             for case in cases:
-                yield CaseItem.from_parent(self, name=f"{case.name}[{case.variant}]", case=case)
+                if not state.reference:     # with a reference tree, the parity items are the run
+                    yield CaseItem.from_parent(self, name=f"{case.name}[{case.variant}]", case=case)
+                for against, of in parity.parity_cases(case, state.settings["reference_src"]):
+                    yield ParityItem.from_parent(self, name=f"{case.name}[{case.variant}-{against}]", case=of,
+                                                 against=against)
         on_line = {}
         for err in errors:      # one item per error; several on one line (a `vary` entry) get numbers
             n = on_line[err.line] = on_line.get(err.line, 0) + 1
@@ -131,6 +142,40 @@ class CaseItem(pytest.Item):
         return self.path, self.case.origin.get("line", 1) - 1, self.case.id
 
 
+class ParityItem(CaseItem):
+    """A case's analytic gradients on two sides, compared (gate/parity.py): the tree under test
+    against --gradgate-reference-src's, or a CUDA case against the CPU."""
+
+    gradgate_wants_next = False     # its sides are not the case's own check: nothing to start ahead
+
+    def __init__(self, *, against, **kwargs):
+        super().__init__(**kwargs)
+        self.against = against
+
+    def setup(self):
+        from pytest_gradgate.gate import parity
+        state = state_of(self.config)
+        try:
+            state.runner()
+            if self.against == parity.VS_REFERENCE:
+                state.reference.ensure_runner()
+            return
+        except GradgateError as exc:
+            failure = f"gradgate: {exc}"
+        self.session.shouldfail = "gradgate: the ggml build failed (see the first error above)"
+        pytest.fail(failure, pytrace=False)
+
+    def runtest(self):
+        from pytest_gradgate.gate import parity
+        state = state_of(self.config)
+        result = parity.run(state, self.case, self.against)
+        self.gradgate_result = result
+        _decide(self, result)
+
+    def reportinfo(self):
+        return self.path, self.case.origin.get("line", 1) - 1, f"{self.case.id} {self.against}"
+
+
 class InvalidCaseItem(pytest.Item):
     """A case that could not be loaded: one error at its file:line; the others still run."""
 
@@ -189,8 +234,8 @@ def _upcoming(item, state):
             index = session.gradgate_index = {id(it): i for i, it in enumerate(session.items)}
         at = index.get(id(item))
         following = session.items[at + 1:at + 1 + 2 * state.jobs] if at is not None else []
-    return [(it.nodeid, it.case) for it in following if isinstance(it, CaseItem) and
-            it.get_closest_marker("skip") is None and it.get_closest_marker("skipif") is None]
+    return [(it.nodeid, it.case) for it in following if isinstance(it, CaseItem) and not isinstance(it, ParityItem)
+            and it.get_closest_marker("skip") is None and it.get_closest_marker("skipif") is None]
 
 
 def _track_start_failures(state, result, session):

@@ -38,6 +38,12 @@ class Setting:
 SETTINGS = [
     Setting("ggml_src", "ggml source under test: a ggml or llama.cpp checkout, or a pinned source by name "
             "(ggml-0.15.3, the default; ggml-0.26.0, the newest on PyPI)"),
+    Setting("reference_src", "a reference ggml source (a checkout, or a pinned source by name): every case becomes a "
+            "parity item, its analytic gradients computed on the tree under test and on this tree and compared, "
+            "without finite differences"),
+    Setting("tf32", "backends whose f32 matmuls round their inputs to TF32, comma-separated, or none (default: "
+            "cuda, as ggml-cuda's cuBLAS calls do): the roundoff limits of the analytic comparisons allow for it",
+            "cuda"),
     Setting("backend", "backend(s) to check on: cpu, cuda or all", "cpu", ("cpu", "cuda", "all")),
     Setting("build_type", "CMake build type of ggml; Debug turns ggml's assert()s on", "Release", BUILD_TYPES),
     Setting("cuda_arch", "CMAKE_CUDA_ARCHITECTURES for a CUDA build", "native"),
@@ -70,7 +76,7 @@ SETTINGS = [
 BY_NAME = {s.name: s for s in SETTINGS}
 # options whose value is a path: written with a space, pytest takes the value for a test path
 # when it picks its rootdir, before it knows our options (see gate/rootdir.py)
-PATH_OPTIONS = tuple(BY_NAME[n].option for n in ("ggml_src", "cases", "baseline", "json", "html", "explore_out",
+PATH_OPTIONS = tuple(BY_NAME[n].option for n in ("ggml_src", "reference_src", "cases", "baseline", "json", "html", "explore_out",
                                                   "explore_database"))
 
 

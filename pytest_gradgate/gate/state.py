@@ -34,6 +34,7 @@ class GateState:
         self.backends = ("cpu", "cuda") if backend == "all" else (backend,)
         self.source = None
         self.build = None
+        self.reference = None           # gate/parity.py: the reference tree's source, build and runner
         self.build_error = None         # a GradgateError from the build: every later case reports it
         self.build_facts = None         # what the reports say of the build (ours, or an xdist worker's)
         self.build_facts_sent = None    # the facts a report of this process last carried (plugin.py)
@@ -61,8 +62,8 @@ class GateState:
         return self.source
 
     def build_options(self):
-        from pytest_gradgate.library.options import BuildOptions
-        return BuildOptions(build_type=self.settings["build_type"], backends=tuple(sorted(set(self.backends))),
+        from pytest_gradgate.library.options import BuildOptions, build_backends
+        return BuildOptions(build_type=self.settings["build_type"], backends=build_backends(self.backends),
                             cuda_arch=self.settings["cuda_arch"])
 
     def ensure_build(self):
@@ -254,6 +255,8 @@ class GateState:
             self._ahead.close()
         for runner in self._extra_runners:
             runner.close()
+        if self.reference is not None:
+            self.reference.close()
         if self._runner:
             self._runner.close()
         if self._early_thread is not None:    # its worker is closed: it may end now

@@ -54,7 +54,7 @@ def default_timeout(case):
     """Seconds a case may take: generous for its size, so only a hang hits it."""
     if case.timeout:
         return case.timeout
-    if case.mode in ("fast", "equivalence"):    # a few forwards, or one backward per formulation
+    if case.mode in ("fast", "equivalence", "parity"):    # a few forwards, or one backward per formulation
         return 120.0
     forwards = case.n_param_elements() * (4 if case.stencil == 4 else 2)
     return min(MAX_DEFAULT_TIMEOUT, 30.0 + forwards * 0.005)

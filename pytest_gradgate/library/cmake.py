@@ -15,11 +15,11 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pytest_gradgate.library.cache import cache_root, make_entry
-from pytest_gradgate.library.options import BuildOptions
+from pytest_gradgate.library.options import BuildOptions, build_backends
 from pytest_gradgate.library.shipped import NATIVE_FILES, native_dir
 from pytest_gradgate.errors import BuildError
 from pytest_gradgate.library.source import read_ggml_version
@@ -120,6 +120,8 @@ def _system_has_libcuda():
 
 
 def cache_key(ggml_root, options):
+    # what the build holds, not how the run named it: --backend cuda and all are one build
+    options = replace(options, backends=build_backends(options.backends))
     digest = hashlib.sha256()
     digest.update(tree_digest(ggml_root, GGML_BUILD_INPUTS).encode())
     digest.update(b"--native--")
@@ -136,10 +138,42 @@ def builds_dir():
 
 
 def find_build(ggml_root, options):
-    """The published build for these inputs, or None."""
+    """The published build for these inputs, or None; for a CPU run on a machine with a GPU,
+    a build of the same tree that holds CUDA too serves when there is no CPU-only one."""
     key = cache_key(ggml_root, options)
     entry = builds_dir() / key
-    return _load_entry(entry, key)
+    build = _load_entry(entry, key)
+    if build is None and "cuda" not in options.backends and gpu_visible():
+        # (without a GPU a CUDA build may not even load: no driver library)
+        build = find_serving_build(key)
+    return build
+
+
+def cpu_key_served(ggml_root, options):
+    """The key of the CPU-only build (default cuda_arch) that a build with these options can
+    stand in for, recorded in its build-info; None for a CPU-only build."""
+    if "cuda" not in build_backends(options.backends):
+        return None
+    return cache_key(ggml_root, replace(options, backends=("cpu",), cuda_arch=BuildOptions().cuda_arch))
+
+
+def find_serving_build(cpu_key):
+    """A published build whose build-info says it serves the CPU-only build `cpu_key`, or None."""
+    root = builds_dir()
+    try:
+        entries = sorted(p for p in root.iterdir() if p.is_dir())
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            info = json.loads((entry / BUILD_INFO).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(info, dict) and info.get("serves_cpu") == cpu_key:
+            build = _load_entry(entry, info.get("key"))
+            if build is not None:
+                return build
+    return None
 
 
 def _load_entry(entry, key):
@@ -171,10 +205,17 @@ def ensure_build(ggml_root, options=BuildOptions(), progress=None):
     """Return the build for (ggml_root, options), building it if no valid entry exists."""
     key = cache_key(ggml_root, options)
     entry = builds_dir() / key
+    if "cuda" not in options.backends and _load_entry(entry, key) is None:
+        serving = find_build(ggml_root, options)      # a build that holds CUDA too, on a GPU machine
+        if serving is not None:
+            return serving
+    served = cpu_key_served(ggml_root, options)
 
     def produce(staging):
         info = _run_cmake(ggml_root, options, staging, progress)
         info["key"] = key
+        if served is not None:
+            info["serves_cpu"] = served
         (staging / BUILD_INFO).write_text(json.dumps(info, indent=2))
 
     try:

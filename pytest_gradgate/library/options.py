@@ -9,6 +9,12 @@ BUILD_TYPES = ("Release", "Debug", "RelWithDebInfo")
 BACKENDS = ("cpu", "cuda")
 
 
+def build_backends(run_backends):
+    """The backends a build holds for a run on `run_backends`: ggml's CPU backend is in every
+    build (GGML_CUDA=ON adds CUDA beside it), so cuda and all are one build."""
+    return ("cpu", "cuda") if "cuda" in run_backends else ("cpu",)
+
+
 @dataclass(frozen=True)
 class BuildOptions:
     build_type: str = "Release"

@@ -26,7 +26,7 @@ def format_result(result):
         lines.append(f"  {r['message']}")
     if r.get("signal"):
         lines.append(f"  signal: {r['signal']}")
-    if r.get("mode") == "equivalence":
+    if r.get("mode") in ("equivalence", "parity"):
         lines.extend(_equivalence_lines(r))
         return "\n".join(lines)
     for p in r.get("params") or []:
@@ -44,13 +44,18 @@ def format_result(result):
 
 def _equivalence_lines(r):
     """Forwards first (a differing forward is the whole story), then each param of each pair."""
-    lines = [f"  formulations: {', '.join(r.get('formulations') or [])} (analytic gradients against each other, "
-             "limit from their f32 roundoff)"]
+    if r.get("mode") == "parity":
+        lines = ["  parity: analytic gradients of two sides against each other, limit from both sides' roundoff"
+                 + (f" (formulations: {', '.join(r['formulations'])})" if r.get("formulations") else "")]
+    else:
+        lines = [f"  formulations: {', '.join(r.get('formulations') or [])} (analytic gradients against each "
+                 "other, limit from their f32 roundoff)"]
     for f in r.get("forward") or []:
         lines.append(f"  forward {f.get('pair')}: NMSE {format_number(f.get('nmse'))} (limit {format_number(f.get('limit'))}), "
                      f"cosine {format_number(f.get('cosine'), '.6f')}, max |diff| {format_number(f.get('max_abs_diff'))}")
     for p in r.get("params") or []:
-        lines.append(f"  param {p['name']} {p.get('shape')} {p.get('pair')}: NMSE {format_number(p.get('nmse'))} "
+        changed = f" (changed on the {p['changed']} side)" if p.get("changed") else ""
+        lines.append(f"  param {p['name']} {p.get('shape')} {p.get('pair')}{changed}: NMSE {format_number(p.get('nmse'))} "
                      f"(limit {format_number(p.get('limit'))}), cosine {format_number(p.get('cosine'), '.6f')}, "
                      f"norm ratio {format_number(p.get('norm_ratio'), '.6g')}, max |diff| "
                      f"{format_number(p.get('max_abs_diff'))} over {p.get('n_elements')} elements")
