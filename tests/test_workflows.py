@@ -258,3 +258,27 @@ def test_the_cpu_jobs_own_command_line_on_a_fork_with_a_baseline(tmp_path, defau
                             "--gradgate-ggml-src", "ggml", new_id], cwd=workspace, env=env, capture_output=True,
                            text=True, timeout=600)
     assert again.returncode == 1 and f"FAILED {new_id}" in again.stdout and "1 failed in" in again.stdout, again.stdout
+
+
+def _floor(requirement_name):
+    pyproject = (WORKFLOWS.parent.parent / "pyproject.toml").read_text()
+    return re.search(rf'"{requirement_name}>=([\d.]+)"', pyproject).group(1)
+
+
+def test_ci_runs_the_suite_on_the_oldest_and_the_newest_pytest():
+    """pytest 9.2 broke --lf/--ff/--sw (a structured node id) while every test passed on 9.0.3:
+    the suite runs on the oldest pytest and pluggy pyproject allows, and on the newest."""
+    tests = load("ci.yml")["jobs"]["tests"]
+    cells = {c["pytest"]: c["requirement"].split() for c in tests["strategy"]["matrix"]["include"]}
+    assert tests["strategy"]["fail-fast"] is False
+    assert sorted(cells["oldest"]) == sorted([f"pytest=={_floor('pytest')}.0", f"pluggy=={_floor('pluggy')}.0"])
+    assert sorted(cells["newest"]) == ["pluggy", "pytest"]     # unpinned, upgraded: the newest
+    assert tests["env"]["PYTEST_REQUIREMENT"] == "${{ matrix.requirement }}"
+    # .ci/run's own lines install it after the package, with --upgrade (pip replaced by echo)
+    script = (WORKFLOWS.parent.parent / ".ci" / "run").read_text()
+    block = script[script.index('if [ -n "${PYTEST_REQUIREMENT'):]
+    block = block[:block.index("\nfi\n") + 4].replace("python3 -m pip install", "echo")
+    for cell, requirement in cells.items():
+        out = subprocess.run(["bash", "-e", "-c", block], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin", "PYTEST_REQUIREMENT": " ".join(requirement)}).stdout
+        assert out.split() == ["-q", "--disable-pip-version-check", "--upgrade", *requirement], (cell, out)
