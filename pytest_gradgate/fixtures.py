@@ -12,9 +12,11 @@ finite differences; pytest_gradgate/check/equivalence.py):
                                   params={"q": [128, 12, 256], ...}, consumer="transpose")
 
 `check` and `check_equivalent` fail the test when the case does not pass; `run` and
-`run_equivalent` only return the result. All take the keys of a YAML case (inputs=, init=, loss=, eps=, max_maa=, ...), with `consumer`,
-`producer` and `backend` in the singular: one call is one case. A case declared here is a user's case:
-an op without a backward in the ggml under test fails it (the built-in suite skips instead).
+`run_equivalent` only return the result. All take the keys of a YAML case, with the same meaning
+(inputs=, init=, loss=, eps=, max_maa=, consumers=, producers=, vary=, ...; docs/fixtures.md), and
+`consumer`, `producer` and `backend` in the singular; with neither, one layout (consumer and producer
+`none`). A call that declares several cases runs and checks every one of them. A case declared here
+is a user's case: an op without a backward in the ggml under test fails it (the built-in suite skips).
 
 Importing this module is cheap (the plugin imports it on every pytest run): the loader, the
 build and the runner are imported when a test first uses the fixture.
@@ -64,65 +66,114 @@ def _caller_line(default):
     return frame.f_lineno if frame is not None else default
 
 
+# the fixture's singular keys (one call, one layout) and the YAML keys they stand for
+SINGULAR = {"consumer": "consumers", "producer": "producers", "backend": "backends"}
+
+
+class CheckResults(list):
+    """The CheckResults of a call that declared several cases (`consumers=[...]`,
+    `producers=[...]`, a list of losses, `vary=`), in the order the YAML loader makes them.
+    `.ok` is true when every one passed; `.report()` joins their reports."""
+
+    @property
+    def ok(self):
+        return all(r.ok for r in self)
+
+    def report(self):
+        return "\n".join(r.report() for r in self)
+
+    def __str__(self):
+        return self.report()
+
+
 class Checker:
     def __init__(self, request):
         self._request = request
         self._count = 0
 
-    def _case(self, graph, params, name=None, consumer="none", producer="none", backend=None, **fields):
-        from pytest_gradgate.declare.loader import build_cases   # yaml and the op table: only when used
+    def _cases(self, graph, params, name=None, **fields):
+        """The Cases one call declares: the keys of a YAML case, with `consumer`, `producer` and
+        `backend` accepted in the singular too. Every case the call stands for is returned (and
+        run): a consumer list is checked through each consumer, never through its first alone."""
+        from pytest_gradgate.declare import vary   # yaml and the op table: only when used
+        from pytest_gradgate.declare.case import full_mode_problem
+        from pytest_gradgate.declare.loader import build_cases
         from pytest_gradgate.gate.state import state_of
         state = state_of(self._request.config)
         node = self._request.node
         self._count += 1
+        line = _caller_line(node.reportinfo()[1] + 1)
+        where = f"{node.path}:{line}"
+        problem = None
+        for one, many in SINGULAR.items():
+            if one in fields and many in fields:
+                problem = (f"{where}: {one}= and {many}= both given; give one {one}, or the list "
+                           f"{many}=[...]")
+                break
+        if problem:
+            pytest.fail(f"invalid gradgate check: {problem}", pytrace=False)
         if name is None:
             # test ids may hold spaces or brackets; case names may not
             name = re.sub(r"[^A-Za-z0-9_.\-]+", "_", node.name).strip("_") + f"-{self._count}"
-        raw = {"name": name, "params": params, "consumers": [consumer], "producers": [producer], **fields}
+        raw = {"name": name, "params": params}
+        for one, many in SINGULAR.items():
+            if one in fields:
+                raw[many] = [fields.pop(one)]
+        # without a consumer named, one layout: contiguous in and out (YAML's default is four)
+        raw.setdefault("consumers", ["none"])
+        raw.update(fields)
         if graph is not None:
             raw["graph"] = graph
-        if backend is not None:
-            raw["backends"] = [backend]
+        cases, problem = [], None
         try:
-            cases = build_cases(raw, path=str(node.path), line=_caller_line(node.reportinfo()[1] + 1),
-                                session_backends=state.backends)
+            for variant in vary.expand(raw, (str(node.path), line)):
+                cases += build_cases(variant, path=str(node.path), line=line, session_backends=state.backends)
         except CaseError as exc:
-            pytest.fail(f"invalid gradgate check: {exc}", pytrace=False)
-        if not cases:
-            pytest.fail(f"invalid gradgate check: backend {backend!r} is not built in this session "
-                        f"(--gradgate-backend gives {', '.join(state.backends)})", pytrace=False)
-        from pytest_gradgate.declare.case import full_mode_problem
-        too_big = full_mode_problem(cases[0])
-        if too_big:
-            pytest.fail(f"invalid gradgate check: {too_big}", pytrace=False)
-        return state, cases[0]
+            problem = str(exc)
+        # outside the except block: the report shows the message once, not "During handling..."
+        if problem is None and not cases:
+            wanted = raw.get("backends")
+            problem = (f"{where}: backend {', '.join(map(str, wanted or ()))} is not built in this session "
+                       f"(--gradgate-backend gives {', '.join(state.backends)})")
+        if problem is None:
+            problem = next((f"{where}: {why}" for why in map(full_mode_problem, cases) if why), None)
+        if problem:
+            pytest.fail(f"invalid gradgate check: {problem}", pytrace=False)
+        return state, cases
 
     def run(self, graph, params, **fields):
-        """Run one check in isolation and return its CheckResult (never fails the test)."""
-        return self._run(self._case(graph, params, **fields))
+        """Run the check in isolation and return its CheckResult (never fails the test); a call
+        that declares several cases (a list of consumers, producers or losses, `vary`) runs
+        every one and returns their CheckResults."""
+        return self._run(*self._cases(graph, params, **fields))
 
     def run_equivalent(self, formulations, params, **fields):
         """Run an equivalence case (formulation name -> graph, two or more) in isolation and
         return its CheckResult (never fails the test)."""
-        return self._run(self._case(None, params, equivalent=formulations, **fields))
+        return self._run(*self._cases(None, params, equivalent=formulations, **fields))
 
-    def _run(self, prepared):
-        state, case = prepared
+    def _run(self, state, cases):
+        problem = None
         try:
             state.runner()   # builds ggml on first use when --gradgate did not
         except GradgateError as exc:
-            pytest.fail(f"gradgate: {exc}", pytrace=False)
-        result = state.run(case)
+            problem = f"gradgate: {exc}"
+        if problem:
+            pytest.fail(problem, pytrace=False)
         node = self._request.node
-        # the plugin puts item.gradgate_result on the report (JSON/HTML outputs, summary);
-        # with several checks in one test, the first that did not pass is the one to show
-        shown = getattr(node, "gradgate_result", None)
-        if shown is None or shown.status == "passed":
-            node.gradgate_result = result
-        return CheckResult(result)
+        results = CheckResults()
+        for case in cases:
+            result = state.run(case)
+            # the plugin puts item.gradgate_result on the report (JSON/HTML outputs, summary);
+            # with several checks in one test, the first that did not pass is the one to show
+            shown = getattr(node, "gradgate_result", None)
+            if shown is None or shown.status == "passed":
+                node.gradgate_result = result
+            results.append(CheckResult(result))
+        return results[0] if len(results) == 1 else results
 
     def check(self, graph, params, **fields):
-        """Like run(), but a check that does not pass fails the test with its report."""
+        """Like run(), but a case that does not pass fails the test with its report."""
         return self._require(self.run(graph, params, **fields))
 
     def check_equivalent(self, formulations, params, **fields):
@@ -131,10 +182,13 @@ class Checker:
 
     @staticmethod
     def _require(res):
-        if res.status == "skipped":     # e.g. the backend does not support an op
-            pytest.skip(res.message)
-        if not res.ok:
-            pytest.fail(res.report(), pytrace=False)
+        every = res if isinstance(res, CheckResults) else [res]
+        bad = [r for r in every if not r.ok and r.status != "skipped"]
+        if bad:     # every case that did not pass, not the first alone
+            pytest.fail("\n".join(r.report() for r in bad), pytrace=False)
+        skipped = [r for r in every if r.status == "skipped"]
+        if skipped:     # e.g. the backend does not support an op: not verified, so not a pass
+            pytest.skip("; ".join(f"{r.case_id}: {r.message}" if len(every) > 1 else r.message for r in skipped))
         return res
 
 

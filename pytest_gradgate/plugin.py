@@ -156,7 +156,7 @@ def pytest_collect_file(file_path, parent):
     if not state.enabled or file_path.suffix not in (".yaml", ".yml"):
         return None
     from pytest_gradgate.gate.items import CaseFile
-    from pytest_gradgate.gate.selection import CASE_FILE_RE, builtin_nodeid, is_builtin
+    from pytest_gradgate.gate.selection import CASE_FILE_RE, builtin_nodeid, is_builtin, project_nodeid
     resolved = str(file_path.resolve())
     if is_builtin(file_path) and resolved in state.case_files:
         # outside the rootdir: a stable, readable node id (for -k, --lf, reports, pasting back).
@@ -168,6 +168,11 @@ def pytest_collect_file(file_path, parent):
         node.gradgate_builtin = True
         return node
     if CASE_FILE_RE.match(file_path.name) or resolved in state.case_files:
+        # outside the rootdir (pytest run from elsewhere, as the reusable workflow does): an id
+        # with its file part, the same as when pytest runs in the project (gate/selection.py)
+        nodeid = project_nodeid(file_path, parent.config.rootpath)
+        if nodeid is not None:
+            return CaseFile.from_parent(parent, path=file_path, nodeid=nodeid)
         return CaseFile.from_parent(parent, path=file_path)
     return None
 

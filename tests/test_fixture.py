@@ -86,6 +86,11 @@ def test_checks_pass_fail_crash_and_lack_a_backward(run_tests):
     # a bad declaration is a clear message at the test's line, not a traceback into the plugin
     result.stdout.fnmatch_lines(["*invalid gradgate check: *test_checks.py:29: *concat: unknown keyword 'axis'*"])
     assert "Traceback" not in out
+    # once, not again after "During handling of the above exception" (pytest.fail inside the
+    # except block printed it twice; seen failing so)
+    assert "During handling" not in out
+    failure = out.split("_ test_invalid_check _")[1].split("=====")[0]
+    assert failure.count("unknown keyword 'axis'") == 1, failure
 
 
 STORY = """
@@ -110,3 +115,61 @@ def test_the_story_through_the_fixture(variant, passes, ggml_variant, run_tests)
     else:
         result.assert_outcomes(failed=1)
         result.stdout.fnmatch_lines(["*diagnosis: *right values at wrong positions*"])
+
+
+PLURALS = """
+    def test_consumers(gradgate):
+        gradgate.check("silu(a)", params={"a": [4, 3, 2]}, consumers=["none", "transpose"])
+
+    def test_producers(gradgate):
+        gradgate.check("silu(a)", params={"a": [4, 3, 2]}, producers=["none", "permute_0213"])
+
+    def test_vary(gradgate):
+        gradgate.check("silu(a)", params={"a": [4, "$n", 2]}, consumer="$c",
+                       vary=[{"n": 3, "c": "none"}, {"n": 5, "c": "transpose"}])
+
+    def test_run_returns_every_result(gradgate):
+        r = gradgate.run("silu(a)", params={"a": [4, 3, 2]}, consumers=["none", "transpose"])
+        assert [x.case_id for x in r] == ["test_run_returns_every_result-1[none-sqr-cpu]",
+                                          "test_run_returns_every_result-1[transpose-sqr-cpu]"]
+        assert [x.ok for x in r] == [True, False] and not r.ok
+
+    def test_every_case_passes(gradgate):
+        r = gradgate.check("mul_mat(a, b)", params={"a": [4, 3, 2], "b": [4, 5, 2]},
+                           consumers=["none", "permute_0213_transpose"])
+        assert len(r) == 2 and r.ok
+
+    def test_singular_and_plural(gradgate):
+        gradgate.check("silu(a)", params={"a": [4, 3, 2]}, consumer="none", consumers=["transpose"])
+    """
+
+
+def test_a_call_that_declares_several_cases_checks_every_one(run_tests):
+    """The fixture takes YAML's plural keys with YAML's meaning, and checks every case a call
+    declares. Before: `**fields` replaced the one-consumer list, build_cases made one case per
+    consumer and only the first (consumer none) was checked, so `consumers=["none", "transpose"]`
+    passed on the default ggml, whose SILU backward fails through a transpose; the same with
+    `producers=` (SILU_BACK fails through permute_0213) and `vary` was ignored ("got [4, '$n', 2]").
+    Seen failing on that code: test_consumers and test_producers passed, test_vary was an
+    invalid check, test_run_returns_every_result got one result."""
+    result = run_tests(PLURALS)
+    result.assert_outcomes(passed=2, failed=4)
+    result.stdout.fnmatch_lines([
+        "*_ test_consumers _*",
+        "test_consumers-1[[]transpose-sqr-cpu[]]: FAILED (phase done, op silu, consumer transpose, *",
+    ])
+    result.stdout.fnmatch_lines([
+        "*_ test_producers _*",
+        "test_producers-1[[]from_permute_0213-none-sqr-cpu[]]: FAILED (*",
+    ])
+    result.stdout.fnmatch_lines([
+        "*_ test_vary _*",
+        "test_vary-1,n=5,c=transpose[[]transpose-sqr-cpu[]]: FAILED (*",
+    ])
+    out = result.stdout.str()
+    # a passing case of a failed call is not reported as a failure
+    assert "test_consumers-1[none-sqr-cpu]: FAILED" not in out
+    assert "test_vary-1,n=3,c=none[none-sqr-cpu]: FAILED" not in out
+    result.stdout.fnmatch_lines(["PASSED test_checks.py::test_run_returns_every_result",
+                                 "PASSED test_checks.py::test_every_case_passes"])
+    result.stdout.fnmatch_lines(["*invalid gradgate check: *test_checks.py:23: consumer= and consumers= both given*"])

@@ -6,8 +6,10 @@ the release builds, checks, smoke-tests and publishes with trusted publishing. S
 that decide something are run here for real."""
 
 import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,9 +93,9 @@ def test_gradgate_jobs_cpu_cuda_build_gpu_and_the_aggregate_gate():
 
 
 def test_readme_documents_the_one_line_uses():
-    readme = (WORKFLOWS.parent.parent / "README.md").read_text()
+    readme = (WORKFLOWS.parent.parent / "docs" / "ci.md").read_text()   # the README links to it
     uses = re.search(r"uses: ([\w.-]+/[\w.-]+)/\.github/workflows/gradgate\.yml@v([\w.]+)", readme)
-    assert uses, "the README shows no `uses:` line of the reusable workflow"
+    assert uses, "docs/ci.md shows no `uses:` line of the reusable workflow"
     assert uses.group(2) == pytest_gradgate.__version__   # the tag a user pins is the release's
 
 
@@ -170,3 +172,113 @@ def test_ci_runs_the_gate_on_windows_and_macos():
     assert job["runs-on"] == "${{ matrix.os }}" and job["strategy"]["fail-fast"] is False
     runs = " ".join(s.get("run", "") for s in job["steps"])
     assert "pytest --gradgate" in runs and "pip install" in runs
+
+
+FORK_CASES = """\
+cases:
+  - name: my_silu
+    params: {a: [4, 3, 2]}
+    graph: silu(a)
+    consumers: [none, transpose]
+"""
+# a second case that fails on the default ggml (SILU_BACK reads a permuted x as contiguous)
+NEW_FAILURE = """\
+  - name: my_silu_permuted
+    params: {a: [4, 3, 2]}
+    graph: silu(a)
+    consumers: [none]
+    producers: [permute_0213]
+"""
+
+
+def _gate_step_script(job="cpu", inputs=None):
+    """The shell script of a job's `pytest --gradgate` step, its ${{ inputs.* }} filled in
+    as GitHub would (the caller's values over the defaults)."""
+    gate = load("gradgate.yml")
+    values = {k: v.get("default") for k, v in gate["on"]["workflow_call"]["inputs"].items()} | (inputs or {})
+    step = next(s for s in gate["jobs"][job]["steps"] if s.get("name", "").startswith("pytest --gradgate"))
+    script = re.sub(r"\$\{\{\s*inputs\.([\w-]+)\s*\}\}", lambda m: str(values[m.group(1)]), step["run"])
+    assert "${{" not in script, script
+    return script, step["working-directory"], gate["env"]
+
+
+@pytest.mark.slow
+def test_the_cpu_jobs_own_command_line_on_a_fork_with_a_baseline(tmp_path, default_ggml, default_build):
+    """The reusable workflow runs pytest from the runner's temporary folder. A fork's baseline,
+    recorded in its checkout as docs/ci.md says, must match there: the run is green with the
+    recorded failure (xfail) and red on a new one, whose id pasted back in the checkout selects
+    its item. Before: a case file outside the rootdir got ids without their file part
+    (`::my_silu[transpose-sqr-cpu]`); seen failing so, with `FAILED ::my_silu[transpose-sqr-cpu]`
+    for the recorded failure."""
+    workspace, runner_temp = tmp_path / "fork", tmp_path / "runner-temp"
+    (workspace / "tests").mkdir(parents=True)
+    (workspace / ".git").mkdir()     # what actions/checkout leaves
+    (workspace / "ggml").symlink_to(default_ggml)   # built once, by content (llama.cpp's layout)
+    runner_temp.mkdir()
+    cases = workspace / "tests" / "gradgate_cases.yaml"
+    cases.write_text(FORK_CASES)
+    python_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": python_dir + os.pathsep + os.environ["PATH"],
+           # the fork's own cases only, and one xdist worker for `-n auto` on a small machine
+           "PYTEST_ADDOPTS": "--gradgate-no-builtin", "PYTEST_XDIST_AUTO_NUM_WORKERS": "1"}
+    # recorded in the fork's checkout (docs/ci.md)
+    record = subprocess.run([sys.executable, "-m", "pytest", "--gradgate", "-p", "no:cacheprovider",
+                             "--gradgate-ggml-src", "ggml", "--gradgate-cases", "tests/gradgate_cases.yaml",
+                             "--gradgate-baseline", "gradgate-baseline.json", "--gradgate-update-baseline"],
+                            cwd=workspace, env=env, capture_output=True, text=True, timeout=600)
+    assert record.returncode == 0, record.stdout + record.stderr
+    keys = set(json.loads((workspace / "gradgate-baseline.json").read_text())["entries"])
+    assert keys == {"tests/gradgate_cases.yaml::my_silu[transpose-sqr-cpu]"}
+
+    script, workdir, workflow_env = _gate_step_script()
+    assert workdir == "${{ runner.temp }}"
+    job_env = {**env, "GITHUB_WORKSPACE": str(workspace), "RUNNER_TEMP": str(runner_temp), "GGML_PATH": "ggml",
+               "CASES": "tests/gradgate_cases.yaml", "BASELINE": "gradgate-baseline.json", "PACKAGE": ""}
+    assert set(workflow_env) <= set(job_env)
+
+    def run_job():
+        return subprocess.run(["bash", "-e", "-c", script], cwd=runner_temp, env=job_env, capture_output=True,
+                              text=True, timeout=600)
+    green = run_job()
+    assert green.returncode == 0, green.stdout + green.stderr
+    assert "XFAIL tests/gradgate_cases.yaml::my_silu[transpose-sqr-cpu]" in green.stdout, green.stdout
+
+    cases.write_text(FORK_CASES + NEW_FAILURE)
+    red = run_job()
+    assert red.returncode == 1, red.stdout + red.stderr
+    new_id = "tests/gradgate_cases.yaml::my_silu_permuted[from_permute_0213-none-sqr-cpu]"
+    assert f"FAILED {new_id}" in red.stdout, red.stdout
+    assert "XFAIL tests/gradgate_cases.yaml::my_silu[transpose-sqr-cpu]" in red.stdout
+    assert "FAILED ::" not in red.stdout
+    report = json.loads((runner_temp / "gradgate-cpu.json").read_text())
+    assert new_id in json.dumps(report)
+
+    # the failed id, pasted back in the checkout, selects that item alone
+    again = subprocess.run([sys.executable, "-m", "pytest", "--gradgate", "-p", "no:cacheprovider", "-rA",
+                            "--gradgate-ggml-src", "ggml", new_id], cwd=workspace, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 1 and f"FAILED {new_id}" in again.stdout and "1 failed in" in again.stdout, again.stdout
+
+
+def _floor(requirement_name):
+    pyproject = (WORKFLOWS.parent.parent / "pyproject.toml").read_text()
+    return re.search(rf'"{requirement_name}>=([\d.]+)"', pyproject).group(1)
+
+
+def test_ci_runs_the_suite_on_the_oldest_and_the_newest_pytest():
+    """pytest 9.2 broke --lf/--ff/--sw (a structured node id) while every test passed on 9.0.3:
+    the suite runs on the oldest pytest and pluggy pyproject allows, and on the newest."""
+    tests = load("ci.yml")["jobs"]["tests"]
+    cells = {c["pytest"]: c["requirement"].split() for c in tests["strategy"]["matrix"]["include"]}
+    assert tests["strategy"]["fail-fast"] is False
+    assert sorted(cells["oldest"]) == sorted([f"pytest=={_floor('pytest')}.0", f"pluggy=={_floor('pluggy')}.0"])
+    assert sorted(cells["newest"]) == ["pluggy", "pytest"]     # unpinned, upgraded: the newest
+    assert tests["env"]["PYTEST_REQUIREMENT"] == "${{ matrix.requirement }}"
+    # .ci/run's own lines install it after the package, with --upgrade (pip replaced by echo)
+    script = (WORKFLOWS.parent.parent / ".ci" / "run").read_text()
+    block = script[script.index('if [ -n "${PYTEST_REQUIREMENT'):]
+    block = block[:block.index("\nfi\n") + 4].replace("python3 -m pip install", "echo")
+    for cell, requirement in cells.items():
+        out = subprocess.run(["bash", "-e", "-c", block], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin", "PYTEST_REQUIREMENT": " ".join(requirement)}).stdout
+        assert out.split() == ["-q", "--disable-pip-version-check", "--upgrade", *requirement], (cell, out)

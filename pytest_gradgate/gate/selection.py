@@ -25,6 +25,28 @@ def builtin_nodeid(path):
     return BUILTIN_PREFIX + Path(path).name
 
 
+# what marks the top of a project: pytest's own config files, or a git work tree
+PROJECT_MARKERS = (".git", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+
+
+def project_nodeid(path, rootpath):
+    """The node id of a case file outside the rootdir, or None for one inside it (pytest's own
+    id is then rootdir-relative). pytest would give such a file given by path the id `""`, so
+    its items were `::case[variant]` and never matched a baseline recorded in the project
+    (`tests/gradgate_cases.yaml::case[...]`): here it is relative to its project's top, the
+    nearest folder above it that holds a pytest config or .git, as if pytest ran there."""
+    path = Path(path).resolve()
+    try:
+        path.relative_to(Path(rootpath).resolve())
+        return None
+    except ValueError:
+        pass
+    for folder in path.parents:
+        if any((folder / marker).exists() for marker in PROJECT_MARKERS):
+            return path.relative_to(folder).as_posix()
+    return path.as_posix()
+
+
 def _builtin_named_by(arg, invocation_dir):
     """The installed built-in file an argument's path part names (its node id prefix), or None."""
     path = arg.split("::", 1)[0]
