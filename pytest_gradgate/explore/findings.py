@@ -210,7 +210,7 @@ def without_subsumed(findings):
     keys = {f.key for f in findings}
     for f in findings:
         mine = _ops(f.mapping)
-        if any(g is not f and g.key[1:] == f.key[1:] and len(_ops(g.mapping)) < len(mine)
+        if any(g is not f and g.key[1] == f.key[1] and _covers(g.key[2], f.key[2]) and len(_ops(g.mapping)) < len(mine)
                and set(_ops(g.mapping)) <= set(mine) for g in findings):
             continue
         op, kind, site = f.key
@@ -218,6 +218,12 @@ def without_subsumed(findings):
             continue
         kept.append(f)
     return kept
+
+
+def _covers(site, other):
+    """A failure at `site` accounts for one at `other`: the same site, or a wrong gradient on
+    contiguous tensors for the same one behind a layout."""
+    return site == other or (site == CONTIGUOUS and other == LAID_OUT)
 
 
 def name_findings(findings):
@@ -268,6 +274,24 @@ class KnownFailures:
             op, consumer, producer = ops.get(node, (None, None, None))
             self.entries.append((node, op, consumer, producer, entry["status"], normalise_reason(entry.get("reason")),
                                  entry))
+
+    def match_finding(self, key, status, mapping):
+        """match(), and also what the finding is an instance of: a wrong gradient behind a layout
+        is known when the same op's contiguous one is (wrong everywhere), and a chain's failure
+        is known when one of its own ops fails that way and is known (sqr(rope_multi(a)) with an
+        odd head_dim is rope's recorded misread; permute(get_rows(a)) dying at get_rows's assert
+        is get_rows's known death)."""
+        op, kind, site = key
+        ops = [op] + [op_family(inner) for inner in (_ops(mapping) if mapping else ())
+                      if op_family(inner) != op and not op.startswith(("consumer:", "producer:"))]
+        for candidate in dict.fromkeys(ops):
+            found = self.match((candidate, kind, site), status, mapping)
+            if found is None and site == LAID_OUT:
+                flat = {k: v for k, v in mapping.items() if k != "producers"} if mapping else None
+                found = self.match((candidate, kind, CONTIGUOUS), status, flat and dict(flat, consumers=["none"]))
+            if found is not None:
+                return found
+        return None
 
     def match(self, key, status, mapping=None):
         """The baseline entry that records this failure, as {node, status, reason}, or None.
@@ -338,7 +362,7 @@ def mark_known(findings, baseline):
     """Set each finding's `known` to the baseline entry that records the same failure, if any."""
     known = KnownFailures(baseline)
     for f in findings:
-        f.known = known.match(f.key, f.result["status"], f.mapping)
+        f.known = known.match_finding(f.key, f.result["status"], f.mapping)
     return findings
 
 

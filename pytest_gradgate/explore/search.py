@@ -108,7 +108,7 @@ class Job:
         at clamp's assert: clamp's finding, which findings.without_subsumed keeps)."""
         if key[1] in (str(Diagnosis.NO_BACKWARD), str(Diagnosis.CONSUMER_FAILS), str(Diagnosis.PRODUCER_FAILS)):
             return True
-        if self.known.match(key, status, mapping):
+        if self.known.match_finding(key, status, mapping):
             return True
         if status == str(Status.FAILED) and any(other[0] == key[0] and other != key
                                                   for other in self._wrong_shrunk):
