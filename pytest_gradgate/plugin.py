@@ -333,6 +333,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             # on one line: under GitHub Actions a line of its own that starts with :: is a command
             line = " ".join(outputs.one_line(r).splitlines())
             terminalreporter.write_line(f"{r.get('nodeid') or r['case_id']}: {line}")
+        if state.baseline is None and state.source is not None and state.source.pinned is None:
+            # a fork's first run: its upstream bugs are all red until it records them, once
+            from pytest_gradgate.gate.baseline import DEFAULT_FILE, first_run_text
+            record = (f"pytest --gradgate --gradgate-ggml-src={state.source.label} --gradgate-update-baseline "
+                      f"--gradgate-baseline={DEFAULT_FILE} (with this run's other options)")
+            terminalreporter.write_line(f"gradgate: {first_run_text(state.source.label, record)}", yellow=True)
     if blind:
         terminalreporter.write_sep("-", "gradgate blind cases (a backward reading its incoming gradient from other positions would pass them)")
         for r in blind:

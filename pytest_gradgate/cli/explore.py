@@ -15,6 +15,7 @@ from pytest_gradgate.errors import UsageError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h)?\s*$")
 DEFAULT_DATABASE = ".hypothesis/gradgate-explore"
+DEFAULT_BASELINE_FILE = "gradgate-baseline.json"
 
 
 def parse_duration(text, option="--budget"):
@@ -40,6 +41,9 @@ def add_arguments(p):
                    help="write the findings as a case file FILE (.yaml) plus FILE's .json beside it")
     p.add_argument("--baseline", metavar="FILE",
                    help="known failures (default: the shipped baseline of a pinned source)")
+    p.add_argument("--update-baseline", action="store_true",
+                   help="record this run's new findings as known in the --baseline FILE (created if missing; "
+                        "its entries are kept), keyed by op, class and site, and exit 0")
     p.add_argument("--database", default=DEFAULT_DATABASE, metavar="DIR",
                    help=f"Hypothesis example database: earlier failures are replayed first (default {DEFAULT_DATABASE})")
     p.add_argument("--no-database", action="store_true", help="neither replay nor save earlier failures")
@@ -57,7 +61,10 @@ def resolve(args):
     from pytest_gradgate.gate import baseline as baseline_file
     source = source_from(args)
     path = args.baseline or (baseline_file.shipped_baseline(source.pinned) if source.pinned else None)
-    baseline = baseline_file.Baseline.load(path) if path else None
+    if args.update_baseline and not Path(path).exists():
+        baseline = baseline_file.Baseline(path)
+    else:
+        baseline = baseline_file.Baseline.load(path) if path else None
     build = ensure_build(source.root, BuildOptions(), progress=_progress)
     return source, build.library, baseline
 
@@ -77,6 +84,10 @@ def run(args):
     unknown = [c for c in args.consumers or () if c not in CONSUMERS]
     if unknown:
         raise UsageError(f"--consumers: unknown consumer(s) {', '.join(unknown)}; known: {', '.join(CONSUMERS)}")
+    if args.update_baseline and not args.baseline:
+        # the shipped baseline of a pinned source lives in the installed package: not a file to write
+        raise UsageError("--update-baseline: name the file to record the findings in with --baseline FILE "
+                         f"(e.g. --baseline {DEFAULT_BASELINE_FILE})")
     source, library, baseline = resolve(args)
     _progress(f"ggml {source.version} from {source.label}; {budget:g} s, seed {args.seed}, {args.jobs} job(s), "
               f"{len(ops)} ops")
@@ -88,7 +99,25 @@ def run(args):
     if args.out:
         write_out(args.out, found, stats, header_text(source, stats))
         _progress(f"wrote {args.out} and {json_path(args.out)}")
-    return 1 if any(f.known is None for f in found) else 0
+    new = [f for f in found if f.known is None]
+    if args.update_baseline:
+        recorded = baseline.record_explore(findings_mod.baseline_entries(new), source.version)
+        baseline.save()
+        _progress(f"recorded {recorded} new finding(s) as known in {baseline.path} ({len(baseline.explore)} explore "
+                  f"finding(s) and {len(baseline)} suite failure(s) in it)")
+        return 0
+    if new and baseline is None and not source.pinned:
+        print("\n" + first_run_text(source, stats, bool(args.ops)))
+    return 1 if new else 0
+
+
+def first_run_text(source, stats, ops_given):
+    """The note of a run on an unpinned tree with no --baseline (gate/baseline.py)."""
+    from pytest_gradgate.gate.baseline import first_run_text as text
+    record = (f"gradgate explore --ggml-src {source.label} --budget {stats['budget_s']:g}s --seed {stats['seed']} "
+              f"-n {stats['jobs']}" + (" --ops " + " ".join(stats["ops"]) if ops_given else "")
+              + f" --baseline {DEFAULT_BASELINE_FILE} --update-baseline")
+    return text(source.label, record, what="finding")
 
 
 def replay_command(stats, ops_given):
@@ -112,8 +141,10 @@ def summary_text(found, stats, args=None):
              + (f": {why}" if why else "") + f", {c.get('errors', 0)} harness errors)"]
     for e in stats.get("errors") or ():
         lines.append(f"  harness error (not a finding): {e['message']}")
+    if stats.get("no_backward"):
+        lines.append(f"not searched (no backward in this ggml, so nothing to check): {', '.join(stats['no_backward'])}")
     known = sum(1 for f in found if f.known)
-    lines.append(f"{len(found)} finding(s), {known} known from the baseline:")
+    lines.append(f"{len(found)} finding(s), {known} known from the baseline" + (":" if found else ""))
     replay = replay_command(stats, bool(args and args.ops))
     for i, f in enumerate(found, 1):
         lines.append("")

@@ -9,14 +9,25 @@ A Result is one of:
   of sqrt, log or div at its singular point, reached as another op's output), ggml refused to build
   the forward graph (an abort in phase build-forward: an op's own assert on its inputs, before
   any backward exists), or the backend does not run the graph (skipped); never reported;
+- not searched: ggml has no backward for an op of the graph (no-backward); not a finding, since
+  nothing of a backward ran, but the summary names the ops so that the user knows what the
+  search could not reach;
 - a harness error (the worker could not run the case): counted and shown, never a finding,
   since it says nothing about ggml;
 - passed.
 
-A finding's key is (op, class, site): the case's main op (the outermost call; the consumer's
-or producer's name for consumer-failed and producer-failed), its diagnosis kind, and for a death the source location in ggml's
-message (ggml.c:6892), so one assert is one finding however many shapes reach it. Each key is
-reported once, with the smallest case seen for it.
+A finding's key is (op, class, site), chosen so that one root cause is one key however the
+draw shows it (and so that a baseline entry recorded from one draw matches the next):
+- op: the case's main op (the outermost call; the consumer's or producer's name for
+  consumer-failed and producer-failed), named by the ggml op it builds where several table ops
+  build the same one (rope_ext and rope_multi are both ROPE, with one backward: `rope`);
+- class: the diagnosis kind, with the kinds that one misreading backward shows depending on the
+  values drawn (disagree, wrong-positions, concentrated) taken as one, `misread`;
+- site: for a death, the source location in ggml's message (ggml.c:6892), so one assert is one
+  finding however many shapes reach it; for a wrong gradient, the layout it arrived through
+  (`contiguous`, or `laid-out` through a consumer or producer other than none), since a
+  backward wrong on every layout and one wrong only on a transposed gradient are two bugs.
+Each key is reported once, with the smallest case seen for it.
 """
 
 import json
@@ -24,7 +35,9 @@ import re
 
 from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
 
-FINDING, DISCARD, ERROR, PASSED = "finding", "discard", "error", "passed"
+FINDING, DISCARD, UNSEARCHED, ERROR, PASSED = "finding", "discard", "unsearched", "error", "passed"
+CONTIGUOUS, LAID_OUT = "contiguous", "laid-out"     # a wrong gradient's site: the layout it came through
+MISREAD = "misread"
 _SITE = re.compile(r"([\w.-]+\.(?:c|cc|cpp|cu|h|m)):(\d+)")
 _DISCARD_STATUSES = {Status.NUMERIC_UNRELIABLE, Status.INCONCLUSIVE, Status.SKIPPED}
 JSON_SCHEMA = 1
@@ -44,9 +57,34 @@ def crash_site(result):
 DOMAIN_OPS = frozenset({"sqrt", "log", "div"})
 
 
+def op_family(op):
+    """The name a finding's key gives op: the op itself, or, where several table ops build the
+    same ggml op (and so share its backward), that ggml op's (rope_ext, rope_multi -> rope)."""
+    from pytest_gradgate.ops.table import OPS
+    spec = OPS.get(op)
+    if spec is None:
+        return op
+    if sum(1 for other in OPS.values() if other.ggml_op == spec.ggml_op) == 1:
+        return op
+    name = spec.ggml_op.lower()         # GLU(SWIGLU) -> swiglu
+    return name[name.index("(") + 1:name.rindex(")")] if "(" in name else name
+
+
+def class_family(kind):
+    """A wrong gradient's class in the key: disagree, wrong-positions and a few wrong elements
+    (concentrated) are one (misread): one misreading backward shows as any of them, by the draw."""
+    kind = str(kind or Diagnosis.DISAGREE)
+    return MISREAD if kind in (str(Diagnosis.DISAGREE), str(Diagnosis.WRONG_POSITIONS),
+                               str(Diagnosis.CONCENTRATED)) else kind
+
+
+def layout_site(consumer, producer):
+    return CONTIGUOUS if (consumer or "none") == "none" and (producer or "none") == "none" else LAID_OUT
+
+
 def classify(result, ops=()):
-    """-> (FINDING, key) | (DISCARD, why) | (ERROR, message) | (PASSED, None). `ops`: the ops
-    of the case's graph."""
+    """-> (FINDING, key) | (DISCARD, why) | (UNSEARCHED, ops) | (ERROR, message) | (PASSED, None).
+    `ops`: the ops of the case's graph."""
     status = result.status
     if status == Status.PASSED:
         return PASSED, None
@@ -59,13 +97,18 @@ def classify(result, ops=()):
             # an infinite gradient at a singular point of sqrt, log or div (0 reached as another
             # op's output, where no init range keeps the input away): right, not a finding
             return DISCARD, "nonfinite-at-singular-point"
-        return FINDING, (result.op, str(result.kind or Diagnosis.DISAGREE), "")
+        return FINDING, (op_family(result.op), class_family(result.kind), layout_site(result.consumer,
+                                                                                        result.producer))
     if status == Status.CRASHED:
         if result.phase == Phase.BUILD_FORWARD:
             # ggml refused the forward graph (an op's own shape or layout assert): nothing about
             # the backward, and a hand-written case would be refused the same way
             return DISCARD, "forward-refused"
-        return FINDING, (result.op, str(result.kind), crash_site(result))
+        if result.kind == Diagnosis.NO_BACKWARD:
+            # no backward ran: nothing was checked, so nothing is wrong or known; the summary says
+            # which ops the search could not reach
+            return UNSEARCHED, tuple(ops)
+        return FINDING, (op_family(result.op), str(result.kind), crash_site(result))
     if status == Status.TIMEOUT:
         return FINDING, (result.op, str(Diagnosis.HUNG), str(result.phase))
     if status in (Status.CONSUMER_FAILED, Status.PRODUCER_FAILED):
@@ -116,14 +159,15 @@ class Finding:
                 "case": self.mapping, "status": self.result["status"],
                 "diagnosis": normalise_reason(self.result.get("diagnosis")),
                 "message": normalise_reason(self.result.get("message")), "seed": self.seed,
-                "found_after_s": round(self.found_after_s, 2), "known": self.known,
+                "kind": self.result.get("kind"), "found_after_s": round(self.found_after_s, 2), "known": self.known,
                 "node": node_name(self.mapping)}
 
     @classmethod
     def from_dict(cls, data):
         from pytest_gradgate.check.result import Result  # noqa: F401  (the dict is a Result's)
         f = cls(data["key"], data["case"], {"status": data["status"], "diagnosis": data["diagnosis"],
-                                            "message": data["message"]}, data["seed"], data["found_after_s"])
+                                            "message": data["message"], "kind": data.get("kind")},
+                data["seed"], data["found_after_s"])
         f.known = data.get("known")
         return f
 
@@ -160,14 +204,28 @@ def _ops(mapping):
 
 def without_subsumed(findings):
     """Drop a chain's finding when a case of fewer of its own ops fails the same way (class
-    and site): sqr(div(a, b)) dying at div's assert is div's finding, reported once."""
+    and site): sqr(div(a, b)) dying at div's assert is div's finding, reported once. Drop a
+    wrong gradient through a layout when the same op is wrong the same way on contiguous
+    tensors: a backward wrong everywhere is wrong behind a transpose too, one bug (rope's odd
+    head_dim shows through every consumer)."""
     kept = []
+    keys = {f.key for f in findings}
     for f in findings:
         mine = _ops(f.mapping)
-        if not any(g is not f and g.key[1:] == f.key[1:] and len(_ops(g.mapping)) < len(mine)
-                   and set(_ops(g.mapping)) <= set(mine) for g in findings):
-            kept.append(f)
+        if any(g is not f and g.key[1] == f.key[1] and _covers(g.key[2], f.key[2]) and len(_ops(g.mapping)) < len(mine)
+               and set(_ops(g.mapping)) <= set(mine) for g in findings):
+            continue
+        op, kind, site = f.key
+        if site == LAID_OUT and (op, kind, CONTIGUOUS) in keys:
+            continue
+        kept.append(f)
     return kept
+
+
+def _covers(site, other):
+    """A failure at `site` accounts for one at `other`: the same site, or a wrong gradient on
+    contiguous tensors for the same one behind a layout."""
+    return site == other or (site == CONTIGUOUS and other == LAID_OUT)
 
 
 def name_findings(findings):
@@ -176,6 +234,9 @@ def name_findings(findings):
     seen = {}
     for f in findings:
         op, kind, site = f.key
+        if site in (CONTIGUOUS, LAID_OUT):
+            # a wrong gradient: named by what its case shows (wrong-positions, not the family)
+            kind, site = f.result.get("kind") or kind, ""
         # inner op first, as the chain runs; a consumer's or producer's own failure is named after it
         ops = op.split(":", 1)[1] if op.startswith(("consumer:", "producer:")) else \
             "_".join(dict.fromkeys(reversed(_ops(f.mapping))))
@@ -202,17 +263,37 @@ def builtin_ops():
 
 
 class KnownFailures:
-    """The baseline's failures, to match findings against: a death at the same site of the same
-    op, a wrong gradient of the same op, a consumer that fails on its own."""
+    """The baseline's failures, to match findings against: first the explore findings it
+    records, by their key (gate/baseline.py, `explore`); then its suite entries: a death at the
+    same site of the same op, a wrong gradient of the same op, a consumer that fails on its own."""
 
     def __init__(self, baseline):
         from pytest_gradgate.gate.baseline import normalise_reason
+        self.explore = dict(baseline.explore) if baseline is not None else {}
         ops = builtin_ops() if baseline is not None and len(baseline) else {}
         self.entries = []
         for node, entry in sorted((baseline.entries if baseline is not None else {}).items()):
             op, consumer, producer = ops.get(node, (None, None, None))
             self.entries.append((node, op, consumer, producer, entry["status"], normalise_reason(entry.get("reason")),
                                  entry))
+
+    def match_finding(self, key, status, mapping):
+        """match(), and also what the finding is an instance of: a wrong gradient behind a layout
+        is known when the same op's contiguous one is (wrong everywhere), and a chain's failure
+        is known when one of its own ops fails that way and is known (sqr(rope_multi(a)) with an
+        odd head_dim is rope's recorded misread; permute(get_rows(a)) dying at get_rows's assert
+        is get_rows's known death)."""
+        op, kind, site = key
+        ops = [op] + [op_family(inner) for inner in (_ops(mapping) if mapping else ())
+                      if op_family(inner) != op and not op.startswith(("consumer:", "producer:"))]
+        for candidate in dict.fromkeys(ops):
+            found = self.match((candidate, kind, site), status, mapping)
+            if found is None and site == LAID_OUT:
+                flat = {k: v for k, v in mapping.items() if k != "producers"} if mapping else None
+                found = self.match((candidate, kind, CONTIGUOUS), status, flat and dict(flat, consumers=["none"]))
+            if found is not None:
+                return found
+        return None
 
     def match(self, key, status, mapping=None):
         """The baseline entry that records this failure, as {node, status, reason}, or None.
@@ -222,12 +303,15 @@ class KnownFailures:
         add1(scale(a, s=-2)) known, nor does SILU's misread of a transposed gradient make a
         wrong SILU on contiguous tensors known."""
         op, kind, site = key
+        recorded = self.explore.get(key_text(key))
+        if recorded is not None:
+            return {"node": f"explore: {key_text(key)}", "status": recorded["status"], "reason": recorded.get("reason")}
         for node, entry_op, consumer, producer, entry_status, reason, entry in self.entries:
             if op.startswith("consumer:"):
                 same = entry_status == "consumer-failed" and consumer == op.split(":", 1)[1]
             elif op.startswith("producer:"):
                 same = entry_status == "producer-failed" and producer == op.split(":", 1)[1]
-            elif entry_op != op:
+            elif entry_op is None or op_family(entry_op) != op:
                 same = False
             elif status == "crashed":
                 same = entry_status == "crashed" and (site in reason if ":" in site else True)
@@ -269,11 +353,18 @@ def _layout_of(mapping):
     return (mapping.get("consumers") or ["none"])[0], (mapping.get("producers") or ["none"])[0]
 
 
+def baseline_entries(findings):
+    """The baseline's explore entries that record these findings as known (gate/baseline.py)."""
+    from pytest_gradgate.gate.baseline import reason_of
+    return {key_text(f.key): {"status": f.result["status"], "reason": reason_of(f.result), "case": f.mapping}
+            for f in findings}
+
+
 def mark_known(findings, baseline):
     """Set each finding's `known` to the baseline entry that records the same failure, if any."""
     known = KnownFailures(baseline)
     for f in findings:
-        f.known = known.match(f.key, f.result["status"], f.mapping)
+        f.known = known.match_finding(f.key, f.result["status"], f.mapping)
     return findings
 
 

@@ -21,8 +21,9 @@ replayed failure that is now ignored would pass and Hypothesis would delete it.
 
 Time: new cases are drawn until the budget is spent; a shrink under way may run on for at
 most SHRINK_S seconds past the point where its failure was found (and never past the budget
-plus SHRINK_S). Only what is new is shrunk: a failure the baseline already records, an op
-without a backward, a consumer or producer that fails on its own, a chain that fails as one of
+plus SHRINK_S). An op without a backward in this ggml is no finding (findings.UNSEARCHED):
+the summary names it, and its draws are spent like those of a known failure. Only what is
+new is shrunk: a failure the baseline already records, a consumer or producer that fails on its own, a chain that fails as one of
 its ops already did alone, and another wrong-gradient class of an op already shrunk are kept as
 first seen (then the smallest seen), and pass from then on (_not_worth_a_shrink). Shrinking
 them cost a 60-second search over every op of the uncaught variant 21 s of its 42 s of case
@@ -69,6 +70,7 @@ class Job:
         self.findings = {}              # key -> findings.Finding
         self.counts = {"cases": 0, "passed": 0, "findings": 0, "discarded": 0, "errors": 0, "invalid": 0}
         self.discarded = {}             # why -> count
+        self.no_backward = set()        # ops whose graph alone had no backward: not searched
         self.errors = []                # harness errors: (message, case mapping), a few
         self._types = {}                # (class, site) -> its exception class
         self.shrunk = set()             # keys some round shrank, or that none will
@@ -106,7 +108,7 @@ class Job:
         at clamp's assert: clamp's finding, which findings.without_subsumed keeps)."""
         if key[1] in (str(Diagnosis.NO_BACKWARD), str(Diagnosis.CONSUMER_FAILS), str(Diagnosis.PRODUCER_FAILS)):
             return True
-        if self.known.match(key, status, mapping):
+        if self.known.match_finding(key, status, mapping):
             return True
         if status == str(Status.FAILED) and any(other[0] == key[0] and other != key
                                                   for other in self._wrong_shrunk):
@@ -167,6 +169,14 @@ class Job:
             if outcome == findings.DISCARD:
                 self.counts["discarded"] += 1
                 self.discarded[detail] = self.discarded.get(detail, 0) + 1
+                return
+            if outcome == findings.UNSEARCHED:
+                # no backward in this ggml: not a finding, but a line of the summary
+                self.counts["no-backward"] = self.counts.get("no-backward", 0) + 1
+                if len(set(detail)) == 1:
+                    self.no_backward.add(detail[0])
+                for op in set(ops) & self.no_backward:
+                    self.op_draws[op][1] += 1       # its draws say nothing: spent, see _spent_op
                 return
             if outcome == findings.ERROR:
                 self.counts["errors"] += 1
@@ -239,6 +249,7 @@ class Job:
     def report(self, wall_s):
         return {"seed": self.seed, "wall_s": wall_s, "case_s": self.case_seconds, "counts": dict(self.counts),
                 "discarded": dict(self.discarded), "errors": self.errors, "rounds": getattr(self, "rounds", 0),
+                "no_backward": sorted(self.no_backward),
                 "findings": [f.to_dict() for f in self.findings.values()]}
 
 
@@ -289,9 +300,10 @@ def explore(library, budget_s, seed=0, ops=None, consumers=None, jobs=1, databas
     merged by key (findings.merge), and a chain's finding that one of its ops alone shows is
     dropped (findings.without_subsumed)."""
     ops = space.explorable_ops(ops)
+    # a job reads the baseline from its file (one not written yet, for --update-baseline, is empty)
     specs = [{"library": str(library), "seed": seed + i, "budget_s": budget_s, "ops": list(ops),
               "consumers": consumers, "database": str(database) if database else None,
-              "baseline": str(baseline.path) if baseline is not None else None} for i in range(jobs)]
+              "baseline": str(baseline.path) if baseline is not None and baseline.path.exists() else None} for i in range(jobs)]
     started = time.monotonic()
     if jobs == 1:
         reports = [run_job(specs[0], progress)]
@@ -319,7 +331,8 @@ def explore(library, budget_s, seed=0, ops=None, consumers=None, jobs=1, databas
              "search_s": round(search_s, 2), "counts": counts, "discarded": discarded,
              "cases_per_s": round(counts.get("cases", 0) / search_s, 1) if search_s else 0.0,
              "rounds": sum(r["rounds"] for r in reports),
-             "errors": [e for r in reports for e in r["errors"]][:5]}
+             "errors": [e for r in reports for e in r["errors"]][:5],
+             "no_backward": sorted({op for r in reports for op in r.get("no_backward", ())})}
     return findings.name_findings(findings.without_subsumed(merged)), stats
 
 

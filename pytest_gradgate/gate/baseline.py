@@ -14,6 +14,15 @@ keyed by the case id alone; they are refused with the command that rewrites them
 
 A known failure is reported as xfail with its recorded reason; a baseline entry whose case
 now passes fails the gate like a strict xfail, so that the baseline only ever shrinks.
+
+Explore's known findings sit beside the entries, under `explore`, keyed by the finding's key
+(explore/findings.py: op, class and site, e.g. `clamp ggml-abort ggml.c:7074` or
+`rope misread contiguous`), so that a finding recorded from one draw matches the same failure
+in another draw of another seed:
+    "explore": {"<op> <class> <site>": {"status": "crashed", "reason": "...", "case": {...}}}
+The case is the smallest one that run found, for a reader to rerun. Recording adds and
+replaces explore entries, never drops one: a random search that did not meet a failure this
+time is no evidence that it is gone. Files without `explore` stay valid.
 Skips (e.g. an op without a backward in the built-in suite) are not failures and never
 become entries.
 """
@@ -55,10 +64,11 @@ def reason_of(result):
 
 
 class Baseline:
-    def __init__(self, path, entries=None, ggml_version=None):
+    def __init__(self, path, entries=None, ggml_version=None, explore=None):
         self.path = Path(path)
         self.entries = dict(entries or {})
         self.ggml_version = ggml_version
+        self.explore = dict(explore or {})      # explore's known findings, see the module's docstring
 
     @classmethod
     def load(cls, path):
@@ -80,7 +90,14 @@ class Baseline:
             if not isinstance(entry, dict) or entry.get("status") not in FAILURE_STATUSES:
                 raise BaselineError(f"baseline {path}: entry {case_id!r} needs a status, one of "
                                     f"{', '.join(FAILURE_STATUSES)}")
-        return cls(path, data["entries"], data.get("ggml_version"))
+        explore = data.get("explore", {})
+        if not isinstance(explore, dict) or not all(isinstance(e, dict) and e.get("status") in FAILURE_STATUSES
+                                                    for e in explore.values()):
+            raise BaselineError(f"baseline {path}: \"explore\" must map a finding's key (op class site) to "
+                                f"{{\"status\", \"reason\"}}, the status one of {', '.join(FAILURE_STATUSES)}; "
+                                "record it again with gradgate explore --update-baseline --baseline "
+                                f"{path}")
+        return cls(path, data["entries"], data.get("ggml_version"), explore)
 
     def get(self, key):
         """The entry of a case, by its key (key_of)."""
@@ -100,11 +117,23 @@ class Baseline:
             # a skip (no backward in a built-in case) is not a failure, whatever the child's status
             if r["status"] in FAILURE_STATUSES and r.get("outcome") != "skipped":
                 entries[r["baseline_key"]] = {"status": r["status"], "reason": reason_of(r)}
-        return Baseline(self.path, entries, ggml_version)
+        return Baseline(self.path, entries, ggml_version, self.explore)
+
+    def record_explore(self, recorded, ggml_version=None):
+        """Record explore's findings as known, `recorded` as explore/findings.py
+        baseline_entries gives them (added or replaced, none dropped: see the module's
+        docstring); -> how many were not recorded before."""
+        new = sum(1 for key in recorded if key not in self.explore)
+        self.explore.update(recorded)
+        if ggml_version and not self.ggml_version:
+            self.ggml_version = ggml_version
+        return new
 
     def save(self):
         data = {"schema": SCHEMA, "ggml_version": self.ggml_version,
                 "entries": {k: self.entries[k] for k in sorted(self.entries)}}
+        if self.explore:
+            data["explore"] = {k: self.explore[k] for k in sorted(self.explore)}
         from pytest_gradgate.report.outputs import write_atomically
         write_atomically(self.path, json.dumps(data, indent=1) + "\n")
 
@@ -126,3 +155,17 @@ def key_of(item):
 def stale_text(key, entry, baseline_path):
     return (f"{key}: passes now, but the baseline {baseline_path} records it as a known failure "
             f"({entry['status']}: {entry.get('reason') or '-'}); {STALE_TEXT}")
+
+
+DEFAULT_FILE = "gradgate-baseline.json"     # the file name the first-run note proposes
+
+
+def first_run_text(source_label, record_command, what="failure"):
+    """What a run on a tree with no baseline says, once: a tree that is not a pinned source
+    has none shipped, so upstream's own failures show as new; how to record them."""
+    return (f"ggml from {source_label} is not a pinned source, so no baseline of known failures comes with it: "
+            f"every {what} above counts as new, upstream ggml's own included. To accept this tree's current "
+            f"failures as known, record them once: {record_command} . Recording writes each failure (its case, "
+            "status and reason) into that file; give it to later runs with the same option and they show the "
+            "recorded failures as xfail and fail only on a new failure (or on a recorded one that now passes). "
+            "Commit the file, and review what it records: each entry is a bug you accept.")

@@ -3,7 +3,9 @@
 The search runs when the items are collected (its findings are the items): one item per
 finding, named like the shrunk case it carries (`explore_scale_wrong-sign[none-sqr-cpu]`,
 so -k, JUnit, --lf and the reports name it as the case file would), failing with the
-finding's text and YAML, or xfail when the baseline records the same failure; plus one item,
+finding's text and YAML, or xfail when the baseline records the same failure (with
+--gradgate-update-baseline, the new findings are recorded in the baseline's `explore` section,
+written at the end of the run, and xfail too); plus one item,
 `explore::explore[search]`, that passes with the throughput, or fails when the search could not run.
 `--collect-only` runs nothing and lists `explore[search]` alone. The built-in suite and case
 files are not collected. Under pytest-xdist each worker would run its own search: refused,
@@ -84,6 +86,13 @@ def _search(config, state):
                                   database=settings["explore_database"] or None, progress=progress,
                                   baseline=state.baseline)
     findings_mod.mark_known(found, state.baseline)
+    if state.update_baseline and state.baseline is not None:
+        # recorded now, written with the suite's entries at the end of the run (report/outputs.py)
+        new = [f for f in found if f.known is None]
+        state.baseline.record_explore(findings_mod.baseline_entries(new), state.source.version)
+        for f in new:
+            f.known = {"node": f"explore: {findings_mod.key_text(f.key)}", "status": f.result["status"],
+                       "reason": "recorded in the new baseline"}
     if settings["explore_out"]:
         from pathlib import Path
         from pytest_gradgate.cli.explore import header_text, write_out
@@ -141,5 +150,14 @@ def summary(terminalreporter, state):
     terminalreporter.write_sep("-", "gradgate explore")
     first = summary_text([], stats).splitlines()[0]
     terminalreporter.write_line(f"gradgate explore: {first}")
+    if stats.get("no_backward"):
+        terminalreporter.write_line(f"gradgate explore: not searched (no backward in this ggml): "
+                                    f"{', '.join(stats['no_backward'])}")
     new = [f for f in state.explore_findings if not f.known]
     terminalreporter.write_line(f"gradgate explore: {len(state.explore_findings)} finding(s), {len(new)} new")
+    if new and state.baseline is None and not state.source.pinned:
+        from pytest_gradgate.gate.baseline import DEFAULT_FILE, first_run_text
+        record = (f"pytest --gradgate-explore={state.settings['explore']} --gradgate-ggml-src={state.source.label} "
+                  f"--gradgate-update-baseline --gradgate-baseline={DEFAULT_FILE}")
+        terminalreporter.write_line(f"gradgate: {first_run_text(state.source.label, record, what='finding')}",
+                                    yellow=True)
