@@ -315,6 +315,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     facts = state.build_facts
     if facts is not None:
         how = "cached" if facts["cached"] else f"built in {facts['build_seconds']} s"
+        rebuilt = facts.get("rebuilt")
+        if rebuilt:     # state.py _rebuild_unloadable
+            how = ("rebuilt by another process" if facts["cached"] else f"rebuilt in {facts['build_seconds']} s") + \
+                ", the cached one could not be loaded" + \
+                (f"; set aside to {rebuilt['set_aside']}" if rebuilt.get("set_aside") else "")
         opts = facts.get("options") or {}
         terminalreporter.write_sep("-", "gradgate")
         terminalreporter.write_line(f"gradgate: ggml {facts['version'] or '? (the library cannot be loaded)'} "

@@ -105,6 +105,12 @@ BAD_CASES = {
     graph: sqr(a)
     eps: -0.1
 """, 3, "'eps' must be a positive number, got -0.1"),
+    "duplicate key": ("""\
+  - name: bad
+    params: {a: [4, 3]}
+    graph: sqr(a)
+    graph: abs(a)
+""", 3, "duplicate key 'graph' (first on line"),
     "duplicate name": ("""\
   - name: good
     params: {a: [4, 3]}
@@ -272,14 +278,14 @@ def test_values_no_check_foresaw_are_errors_at_their_line_not_tracebacks(text, l
 
 def test_editors_find_the_schema_by_a_documented_line_and_an_id_that_resolves():
     """The schema's $id is the raw URL of its own file in the repository (it used to point at
-    a GitHub page, and to a path that no longer exists); README and the built-in files carry
+    a GitHub page, and to a path that no longer exists); docs/cases.md and the built-in files carry
     the yaml-language-server line that names it."""
     repo = PACKAGE.parent
     raw = "https://raw.githubusercontent.com/pytest-gradgate/pytest-gradgate/main/"
     for rel in ("pytest_gradgate/declare/cases.schema.json", "pytest_gradgate/report/report.schema.json"):
         assert json.loads((repo / rel).read_text())["$id"] == raw + rel
     line = f"# yaml-language-server: $schema={raw}pytest_gradgate/declare/cases.schema.json"
-    assert line in (repo / "README.md").read_text()
+    assert line in (repo / "docs" / "cases.md").read_text()   # the README links to it
     for builtin in ("cases.yaml", "cases_fast.yaml", "cases_equivalence.yaml"):
         assert (PACKAGE / builtin).read_text().splitlines()[0] == line
 
@@ -345,3 +351,65 @@ def test_yaml_spellings_of_booleans_are_booleans_in_an_expression():
     call = parse_expression("im2col(kernel, a, is_2d=false, s0=1)")
     assert dict(call.kwargs) == {"is_2d": False, "s0": 1}
     assert dict(parse_expression("f(a, x=true, y=null)").kwargs) == {"x": True, "y": None}
+
+
+# -- a key written twice --------------------------------------------------------------------------
+
+GOOD_AFTER = "  - name: good\n    params: {a: [4]}\n    graph: sqr(a)\n"
+
+
+@pytest.mark.parametrize("case, line, message", [
+    ("  - name: dup\n    name: dup2\n    params: {a: [4]}\n    graph: sqr(a)\n", 3,
+     "duplicate key 'name' (first on line 2)"),
+    ("  - name: g\n    graph: sqr(a)\n    params: {a: [4]}\n    graph: abs(a)\n", 5,
+     "duplicate key 'graph' (first on line 3)"),
+    ("  - name: p\n    params: {a: [4]}\n    graph: sqr(a)\n    params: {a: [5]}\n", 5,
+     "duplicate key 'params' (first on line 3)"),
+    ("  - name: m\n    params: {a: [4]}\n    graph: sqr(a)\n    max_maa: 1.0e-4\n    max_maa: 0.5\n", 6,
+     "duplicate key 'max_maa' (first on line 5)"),
+    ("  - name: n\n    params:\n      a: [4]\n      a: [5]\n    graph: sqr(a)\n", 5,
+     "duplicate key 'a' in 'params' (first on line 4)"),
+    ("  - name: i\n    params: {a: [4]}\n    inputs:\n      r: {type: i32, values: [0], values: [1]}\n"
+     "    graph: sqr(a)\n", 5, "duplicate key 'values' in 'inputs: r' (first on line 5)"),
+    ("  - name: e\n    params: {a: [4]}\n    equivalent:\n      x: sqr(a)\n      y: mul(a, a)\n"
+     "      x: abs(a)\n", 7, "duplicate key 'x' in 'equivalent' (first on line 5)"),
+    ("  - name: v\n    params: {a: [4]}\n    graph: $op(a)\n    vary:\n      op: [sqr]\n      op: [abs]\n", 7,
+     "duplicate key 'op' in 'vary' (first on line 6)"),
+], ids=["name", "graph", "params", "max_maa", "a-param", "an-input's-values", "a-formulation", "a-vary-axis"])
+def test_a_key_written_twice_in_a_case_is_one_error_at_its_second_line(case, line, message):
+    """Before, PyYAML kept the last of the two without a word: `name: dup` then `name: dup2`
+    ran as dup2, a second `graph:` checked another graph than the one read first. Seen
+    failing with the duplicate check taken out of load_file: no error, the case loads."""
+    loaded, errors = load_file("f.yaml", text="cases:\n" + case + GOOD_AFTER)
+    assert [str(e) for e in errors] == [str(errors[0])] and str(errors[0]).startswith(f"f.yaml:{line}: {message}: ")
+    assert [c.name for c in loaded] == ["good"]     # the file's other cases still load
+
+
+def test_cases_written_twice_is_one_error_and_both_lists_load():
+    """Before, the second `cases:` list replaced the first: its cases were gone without a word."""
+    text = "cases:\n" + GOOD_AFTER + "defaults: {seed: 3}\ncases:\n" + GOOD_AFTER.replace("good", "second")
+    loaded, errors = load_file("f.yaml", text=text)
+    assert [str(e) for e in errors] == ["f.yaml:6: duplicate key 'cases' (first on line 1): a YAML reader keeps the "
+                                        "last of the two and drops the first without a word; put the cases under "
+                                        "one 'cases:' (the cases of every list are loaded)"]
+    assert [c.name for c in loaded] == ["good", "second"]
+    assert all(c.cases[0].seed == 3 for c in loaded)
+
+
+@pytest.mark.parametrize("text, line, message", [
+    ("defaults: {eps: 0.1, threads: 2, eps: 0.2}\ncases:\n", 1, "duplicate key 'eps' in 'defaults' (first on line 1)"),
+    ("defaults:\n  eps: 0.1\ncases:\n", 0, "duplicate key 'defaults' (first on line 1)"),
+], ids=["in-one-block", "in-two-blocks"])
+def test_a_default_set_twice_is_one_error_naming_the_cases_it_leaves_out(text, line, message):
+    """A default written twice leaves each case that takes it from the defaults in doubt:
+    those are named in the one error and not loaded; a case that sets the key itself loads."""
+    own = "  - name: own\n    params: {a: [4]}\n    graph: sqr(a)\n    eps: 0.01\n"
+    if line == 0:   # the second `defaults:` block comes after the cases
+        body = text + GOOD_AFTER + own + "defaults: {eps: 0.2, threads: 2}\n"
+        line = body.count("\n")
+    else:
+        body = text + GOOD_AFTER + own
+    loaded, errors = load_file("f.yaml", text=body)
+    assert len(errors) == 1 and str(errors[0]).startswith(f"f.yaml:{line}: {message}: "), [str(e) for e in errors]
+    assert str(errors[0]).endswith("the cases that take it from the defaults are not loaded until it is fixed: good")
+    assert [(c.name, c.cases[0].eps, c.cases[0].threads) for c in loaded] == [("own", 0.01, 2)]

@@ -23,6 +23,7 @@ from pytest_gradgate.ops.producers import DEFAULT_PRODUCERS, PRODUCERS, laid_out
 from pytest_gradgate.errors import CaseError
 from pytest_gradgate.declare import vary
 from pytest_gradgate.declare.expr import Ref, clip, nodes, ops_used, parse_graph
+from pytest_gradgate.declare.duplicate_keys import DuplicateKey, duplicates_in, first_duplicate
 from pytest_gradgate.declare.graph import OpenShape, infer_shapes
 from pytest_gradgate.ops.losses import LOSSES
 from pytest_gradgate.ops.table import ne4
@@ -70,20 +71,92 @@ INPUT_KEYS = {"type", "values", "shape", "init"}
 _LOADERS = tuple(L for L in (getattr(yaml, "CSafeLoader", None), yaml.SafeLoader) if L is not None)
 
 
-def _parse(text):
-    """(root node, data) of one YAML document from one parse: the nodes give the lines, the
-    data is what yaml.safe_load gives. A document libyaml rejects is read again by the
-    pure-Python loader, so that a syntax error is always worded and placed the same way."""
+def _parse(text, prepare):
+    """(root node, data, what prepare(root) gave) of one YAML document from one parse: the
+    nodes give the lines, the data is what yaml.safe_load gives of the nodes as prepare left
+    them. A document libyaml rejects is read again by the pure-Python loader, so that a syntax
+    error is always worded and placed the same way."""
     for loader_class in _LOADERS:
         loader = loader_class(text)
         try:
             root = loader.get_single_node()
-            return root, (loader.construct_document(root) if root is not None else None)
+            if root is None:
+                return None, None, prepare(None)
+            prepared = prepare(root)
+            return root, loader.construct_document(root), prepared
         except yaml.YAMLError:
             if loader_class is _LOADERS[-1]:
                 raise
         finally:
             loader.dispose()
+
+
+@dataclasses.dataclass
+class RepeatedKey:
+    """A key written twice at the top level or in `defaults:` (see _join_repeated_top_keys)."""
+    duplicate: DuplicateKey
+    advice: str = "remove one of them, or rename it"
+    disputed: tuple = ()    # defaults keys whose value it leaves in doubt
+
+
+def _join_repeated_top_keys(root):
+    """The top level's repeated keys, as RepeatedKey entries; `root` is edited so that
+    nothing is lost silently. `cases:` twice: the lists are joined, since each case is what
+    its own text says. `defaults:` twice: the mappings are joined; a key set twice (in one
+    block or in both) is in doubt, and so are the cases that take it from the defaults,
+    which load_file leaves out, naming them."""
+    if not isinstance(root, yaml.MappingNode):
+        return []
+    repeated = []   # (another key twice is an unknown top-level key, reported as that)
+    blocks = {}
+    for k, v in root.value:
+        if isinstance(k, yaml.ScalarNode) and k.value in ("cases", "defaults"):
+            blocks.setdefault(k.value, []).append((k, v))
+    cases = blocks.get("cases", [])
+    if len(cases) > 1:
+        repeated.append(RepeatedKey(DuplicateKey("cases", cases[0][0].start_mark.line + 1,
+                                                 cases[1][0].start_mark.line + 1),
+                                    advice="put the cases under one 'cases:' (the cases of every list are loaded)"))
+        if all(isinstance(v, yaml.SequenceNode) for _, v in cases):
+            _join(root, cases, yaml.SequenceNode, [item for _, v in cases for item in v.value])
+    defaults = blocks.get("defaults", [])
+    for _, block in defaults:
+        if not isinstance(block, yaml.MappingNode):
+            continue
+        for dup in duplicates_in(block.value):
+            repeated.append(RepeatedKey(DuplicateKey(dup.key, dup.first_line, dup.line, ("defaults",)),
+                                        disputed=(dup.key,)))
+        for k, v in block.value:
+            inner = first_duplicate(v)
+            if inner is not None and isinstance(k, yaml.ScalarNode):
+                trail = ("defaults", str(k.value)) + inner.trail
+                repeated.append(RepeatedKey(DuplicateKey(inner.key, inner.first_line, inner.line, trail),
+                                            disputed=(str(k.value),)))
+    if len(defaults) > 1 and all(isinstance(v, yaml.MappingNode) for _, v in defaults):
+        set_before, both = set(), []
+        for _, block in defaults:
+            keys = {k.value for k, _ in block.value if isinstance(k, yaml.ScalarNode)}
+            both += sorted(keys & set_before)
+            set_before |= keys
+        advice = "put the defaults under one 'defaults:'" + (f" (both set {', '.join(both)})" if both else
+                                                             " (their keys are joined)")
+        repeated.append(RepeatedKey(DuplicateKey("defaults", defaults[0][0].start_mark.line + 1,
+                                                 defaults[1][0].start_mark.line + 1),
+                                    advice=advice, disputed=tuple(both)))
+        _join(root, defaults, yaml.MappingNode, [pair for _, v in defaults for pair in v.value])
+    elif len(defaults) > 1:
+        repeated.append(RepeatedKey(DuplicateKey("defaults", defaults[0][0].start_mark.line + 1,
+                                                 defaults[1][0].start_mark.line + 1),
+                                    advice="put the defaults under one 'defaults:' mapping", disputed=("*",)))
+    return repeated
+
+
+def _join(root, pairs, node_class, value):
+    """Replace the repeated top-level `pairs` by the first key holding all their values."""
+    (key, first), last = pairs[0], pairs[-1][1]
+    joined = node_class(first.tag, value, first.start_mark, last.end_mark, flow_style=first.flow_style)
+    dropped = {id(k) for k, _ in pairs[1:]}
+    root.value = [(k, joined if k is key else v) for k, v in root.value if id(k) not in dropped]
 
 
 def _key_lines(node):
@@ -126,7 +199,7 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
             return [], [CaseError(f"not UTF-8 text: byte 0x{raw_bytes[exc.start]:02x} at column {column}; "
                                   "save the file as UTF-8", path, line)]
     try:
-        root, data = _parse(text)
+        root, data, repeated = _parse(text, _join_repeated_top_keys)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
@@ -150,11 +223,20 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
     case_nodes = next(v for k, v in root.value if k.value == "cases").value
     loaded, errors, seen = [], [], {}
     file_ops, op_errors, op_lines = _declared_ops(data.get("ops"), root, path, top_lines.get("ops"))
+    in_doubt = {key: [] for r in repeated for key in r.disputed}   # key -> cases left out for it
     for raw, node in zip(data["cases"], case_nodes):
         line = node.start_mark.line + 1
         try:
             if not isinstance(raw, dict):
                 raise CaseError("each case must be a mapping (name:, params:, graph:, ...)", path, line)
+            duplicate = first_duplicate(node)
+            if duplicate is not None:
+                raise CaseError(duplicate.describe(), path, duplicate.line)
+            doubtful = [k for k in in_doubt if k == "*" or (k in defaults and k not in raw)]
+            if doubtful:    # its value of a key the defaults set twice: one error says so, below
+                for k in doubtful:
+                    in_doubt[k].append(str(raw.get("name", f"the case at line {line}")))
+                continue
             merged = {**defaults, **raw}
             if file_ops and isinstance(raw, dict) and "ops" not in raw:
                 merged["ops"] = dict(file_ops)
@@ -203,7 +285,15 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
         if users:
             error.args = (f"{error.args[0]} (not loaded because of it: {', '.join(users)})",)
         errors.append(error)
-    return loaded, errors
+    return loaded, [_repeated_key_error(r, in_doubt, path) for r in repeated] + errors
+
+
+def _repeated_key_error(repeated, in_doubt, path):
+    left_out = sorted({name for key in repeated.disputed for name in in_doubt.get(key, ())})
+    text = repeated.duplicate.describe(repeated.advice)
+    if left_out:
+        text += f"; the cases that take it from the defaults are not loaded until it is fixed: {', '.join(left_out)}"
+    return CaseError(text, path, repeated.duplicate.line)
 
 
 OP_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")

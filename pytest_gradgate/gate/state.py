@@ -87,11 +87,36 @@ class GateState:
     def runner(self):
         if self._runner is None:
             self._take_early_start()
-        if self._runner is None:
-            build = self.ensure_build()
-            self._runner = self._new_runner()
-            self.build_facts = self._facts(build, self._runner.ggml_version())
+            if self._runner is None:
+                build = self.ensure_build()
+                self._runner = self._new_runner()
+                self.build_facts = self._facts(build, self._runner.ggml_version())
+            if self._runner.library_unloadable and self.build.cached:
+                self._rebuild_unloadable()
         return self._runner
+
+    def _rebuild_unloadable(self):
+        """The cached build's library cannot be loaded (a full disk or a killed copy left it
+        half written): move it aside and build it again, once, saying so in one line. If the
+        fresh one cannot be loaded either, the first case reports it and the run stops there
+        (gate/items.py), as it did before this second chance."""
+        from pytest_gradgate.library.cmake import cache_write_error, set_aside
+        broken, why = self.build, self._runner.start_error
+        self._runner.close()
+        try:
+            aside = set_aside(broken)
+        except OSError as exc:
+            self.build_error = cache_write_error(exc)
+            raise self.build_error from None
+        where = f"moved it to {aside}" if aside is not None else "another process has set it aside"
+        self._say(f"gradgate: the cached build {broken.path} cannot be loaded ({why}); {where}, "
+                  "building it again")
+        self.build = None
+        self.ensure_build()
+        self._runner = self._new_runner()
+        self.build_facts = self._facts(self.build, self._runner.ggml_version())
+        # plain data, so that it rides to the summary under xdist too: where the broken one went
+        self.build_facts["rebuilt"] = {"set_aside": str(aside) if aside is not None else None}
 
     def start_early(self):
         """Start the first worker in the background while pytest collects, when the build is
@@ -187,6 +212,20 @@ class GateState:
                 "version": version, "library": str(build.library), "cached": build.cached,
                 "build_seconds": info.get("build_seconds"), "options": info.get("options"),
                 "compiler": info.get("compiler"), "built_version": info.get("ggml_version")}
+
+    def _say(self, line):
+        """One line in the terminal now, past pytest's capture (the build runs in an item's
+        setup); nothing in an xdist worker, whose facts carry it to the summary instead."""
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is None:
+            return
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        if capture is None:
+            tr.write_line(line)
+            return
+        with capture.global_and_fixture_disabled():
+            tr.ensure_newline()
+            tr.write_line(line)
 
     def _progress(self):
         tr = self.config.pluginmanager.get_plugin("terminalreporter")

@@ -245,6 +245,7 @@ class Runner:
         self.workers_started = 0
         self.cancelled = False
         self._starting = None     # the process of a worker that is starting, not yet up
+        self.start_error = None   # the WorkerStartError of the last worker that could not start
         # the last case was red and nobody expected it: red verdicts come in runs (the cases of
         # one broken op, the candidates of a shrinking search), so the next case starts fresh
         self._after_surprise = False
@@ -274,6 +275,11 @@ class Runner:
             self.worker.close()
             self.worker = None
 
+    @property
+    def library_unloadable(self):
+        """The last worker died loading the library, or was told it cannot be loaded: a broken build."""
+        return self.start_error is not None and self.start_error.broken_build
+
     def ggml_version(self):
         """ggml's version as the library reports it, or None if it cannot be loaded.
 
@@ -284,7 +290,8 @@ class Runner:
             from pytest_gradgate.errors import GradgateError
             try:
                 self.lib = self.lib or binding.load(self.library)
-            except GradgateError:
+            except GradgateError as exc:
+                self.start_error = WorkerStartError(str(exc), broken_build=True)
                 return None   # each case reports it
             return binding.ggml_version(self.lib)
         try:
@@ -311,9 +318,10 @@ class Runner:
                 raise WorkerStartError(CANCELLED)
             try:
                 self.worker = Worker(self.library, backtrace=self.backtrace, spawned=self._spawned)
-            except WorkerStartError:
+            except WorkerStartError as exc:
                 if self.cancelled:      # killed while it started
                     raise WorkerStartError(CANCELLED) from None
+                self.start_error = exc
                 raise
             finally:
                 self._starting = None

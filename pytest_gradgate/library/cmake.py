@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from pytest_gradgate.library.cache import cache_root, make_entry
+from pytest_gradgate.library.cache import cache_root, file_lock, make_entry
 from pytest_gradgate.library.options import BuildOptions, build_backends
 from pytest_gradgate.library.shipped import NATIVE_FILES, native_dir
 from pytest_gradgate.errors import BuildError
@@ -38,6 +38,8 @@ class Build:
     key: str
     info: dict = field(default_factory=dict)
     cached: bool = True
+    # the library file as found (inode, size, mtime): set_aside moves this one only
+    library_stat: tuple = ()
 
     @property
     def library(self):
@@ -188,7 +190,32 @@ def _load_entry(entry, key):
         return None
     if not isinstance(info, dict) or info.get("key") != key or not isinstance(info.get("options"), dict):
         return None
-    return Build(entry, key, info, cached=True)
+    return Build(entry, key, info, cached=True, library_stat=_stat_of(entry / LIBRARY_NAME))
+
+
+def _stat_of(path):
+    try:
+        st = path.stat()
+    except OSError:
+        return ()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def set_aside(build):
+    """Move a published build whose library cannot be loaded (overwritten by a full disk
+    during a copy, a killed sync) out of its entry, to builds/broken/ where it can still be
+    looked at, so that ensure_build makes it again. Under the entry's lock, and only if the
+    entry still holds the very library found broken: another process (an xdist worker) that
+    found it broken too may have rebuilt it already. -> where it went, or None if it was no
+    longer there."""
+    entry = Path(build.path)
+    with file_lock(entry.parent / f"{entry.name}.lock"):
+        if not build.library_stat or _stat_of(entry / LIBRARY_NAME) != build.library_stat:
+            return None
+        aside = builds_dir() / "broken" / f"{entry.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(entry, aside)
+    return aside
 
 
 CACHE_HINT = "set GRADGATE_CACHE_DIR to a writable folder with room for a build (about 100 MB)"
