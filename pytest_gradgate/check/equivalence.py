@@ -124,18 +124,10 @@ def judge(result, case, comparisons):
         result.nmse, result.limit = f["nmse"], f["limit"]
         result.status = Status.FAILED
         return
-    for c in comparisons:
-        result.params.extend(c["params"])
-    worst = max(result.params, key=lambda m: m["nmse"] / max(m["limit"], 1e-300))
-    result.nmse, result.limit, result.cosine = worst["nmse"], worst["limit"], worst.get("cosine")
-    result.n_compared = sum(m["n_elements"] for m in result.params)
-    failed = [m for m in result.params if not m["passed"]]
+    failed = gradsets.settle(result, [m for c in comparisons for m in c["params"]])
     if not failed:
-        result.status = Status.PASSED
         return
     first = failed[0]
-    result.status = Status.FAILED
-    result.kind = Diagnosis(first["diagnosis_kind"])
     result.diagnosis = f"{first['name']}: {first['pair']}: {first['diagnosis']}"
     result.message = (f"{case.id}: {first['pair']}: NMSE {first['nmse']:.3g} > limit {first['limit']:.3g} "
                       f"for param {first['name']}")

@@ -17,7 +17,7 @@ import numpy as np
 
 from pytest_gradgate.check import concentration, precision
 from pytest_gradgate.check.metrics import ggml_index
-from pytest_gradgate.check.outcome import Diagnosis
+from pytest_gradgate.check.outcome import Diagnosis, Status
 
 F32_EPS = float(np.finfo(np.float32).eps)
 # margin over F32_EPS * sqrt(steps) for what the step count leaves out (conditioning,
@@ -195,3 +195,18 @@ def compare_sets(a, b):
             out["failed"].append(name)
         out["params"].append(m)
     return out
+
+
+def settle(result, params):
+    """Put a case's param comparisons on its result: the worst param's figures, the elements
+    compared, PASSED, or FAILED with the first failing param's diagnosis kind -> the failing
+    params (the equivalence and parity checks word the failure each their own way)."""
+    result.params.extend(params)
+    worst = max(result.params, key=lambda m: m["nmse"] / max(m["limit"], 1e-300))
+    result.nmse, result.limit, result.cosine = worst["nmse"], worst["limit"], worst.get("cosine")
+    result.n_compared = sum(m["n_elements"] for m in result.params)
+    failed = [m for m in result.params if not m["passed"]]
+    result.status = Status.FAILED if failed else Status.PASSED
+    if failed:
+        result.kind = Diagnosis(failed[0]["diagnosis_kind"])
+    return failed

@@ -86,19 +86,12 @@ def _verdict(result, case, comparisons, tested, reference):
         result.nmse, result.limit = f["nmse"], f["limit"]
         result.status = Status.FAILED
         return
-    for c in comparisons:
-        for m in c["params"]:
-            m["changed"] = None if m["passed"] else tested
-            result.params.append(m)
-    worst = max(result.params, key=lambda m: m["nmse"] / max(m["limit"], 1e-300))
-    result.nmse, result.limit, result.cosine = worst["nmse"], worst["limit"], worst.get("cosine")
-    result.n_compared = sum(m["n_elements"] for m in result.params)
-    failed = [m for m in result.params if not m["passed"]]
+    params = [m for c in comparisons for m in c["params"]]
+    for m in params:
+        m["changed"] = None if m["passed"] else tested
+    failed = gradsets.settle(result, params)
     if not failed:
-        result.status = Status.PASSED
         return
-    result.status = Status.FAILED
-    result.kind = Diagnosis(failed[0]["diagnosis_kind"])
     changed = "; ".join(f"{m['name']}: {m['diagnosis']}" for m in failed)
     same = sorted({m["name"] for m in result.params} - {m["name"] for m in failed})
     result.diagnosis = (f"the {tested} side changed the gradient of {', '.join(dict.fromkeys(m['name'] for m in failed))} "

@@ -122,15 +122,7 @@ class CaseItem(pytest.Item):
 
     def setup(self):
         # the build (and the default source's fetch) happen here, for the first item that runs
-        state = state_of(self.config)
-        try:
-            state.runner()
-            return
-        except GradgateError as exc:
-            failure = f"gradgate: {exc}"
-        # outside the except block: the report shows the message, not "during handling of..."
-        self.session.shouldfail = "gradgate: the ggml build failed (see the first error above)"
-        pytest.fail(failure, pytrace=False)
+        _start_runners(self)
 
     def runtest(self):
         state = state_of(self.config)
@@ -165,16 +157,7 @@ class ParityItem(CaseItem):
 
     def setup(self):
         from pytest_gradgate.gate import parity
-        state = state_of(self.config)
-        try:
-            state.runner()
-            if self.against == parity.VS_REFERENCE:
-                state.reference.ensure_runner()
-            return
-        except GradgateError as exc:
-            failure = f"gradgate: {exc}"
-        self.session.shouldfail = "gradgate: the ggml build failed (see the first error above)"
-        pytest.fail(failure, pytrace=False)
+        _start_runners(self, reference=self.against == parity.VS_REFERENCE)
 
     def runtest(self):
         from pytest_gradgate.gate import parity
@@ -307,3 +290,19 @@ def _decide(item, result):
         item.gradgate_baseline = "known"
         pytest.xfail(baseline_file.xfail_reason(known, result))
     raise GradgateFailure(result)
+
+
+def _start_runners(item, reference=False):
+    """Build (or find) the library the item's case runs on, and the reference tree's too; a
+    build that fails is the item's failure and stops the session."""
+    state = state_of(item.config)
+    try:
+        state.runner()
+        if reference:
+            state.reference.ensure_runner()
+        return
+    except GradgateError as exc:
+        failure = f"gradgate: {exc}"
+    # outside the except block: the report shows the message, not "during handling of..."
+    item.session.shouldfail = "gradgate: the ggml build failed (see the first error above)"
+    pytest.fail(failure, pytrace=False)
