@@ -65,15 +65,19 @@ def test_the_plain_build_keeps_its_cache_key(default_ggml):
     assert len(keys) == 3
 
 
-def test_sanitize_flags_reach_cmake():
-    """A sanitizer build compiles ggml and the shim with the sanitizer, frame pointers and -g
-    (so that a report names ggml's function and line), and UBSan does not recover from its
-    first report. Seen failing with the -fno-sanitize-recover flag taken out of SANITIZER_FLAGS."""
-    args = BuildOptions(sanitize="undefined").cmake_args()
-    c_flags = next(a for a in args if a.startswith("-DCMAKE_C_FLAGS="))
-    assert c_flags == "-DCMAKE_C_FLAGS=-fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g"
-    assert "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=undefined" in args
-    assert "-fsanitize=address" in " ".join(BuildOptions(sanitize="address").cmake_args())
+def test_sanitize_flags_reach_cmake(tmp_path):
+    """`gradgate build --sanitize undefined --configure-only` configures ggml (real CMake, nothing
+    built) with the sanitizer, frame pointers and -g in C and C++ flags (so that a report names
+    ggml's function and line), and UBSan stopping at its first report (by default it prints and
+    goes on, and a printed report fails nothing). Seen failing with -fno-sanitize-recover=all taken
+    out of options.SANITIZER_FLAGS."""
+    proc = subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "build", "--sanitize", "undefined",
+                           "--configure-only"], text=True, capture_output=True, timeout=600,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    flags = "-fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g"
+    assert f"CMAKE_C_FLAGS={flags} CMAKE_CXX_FLAGS={flags}" in proc.stdout
+    assert "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=undefined" in BuildOptions(sanitize="undefined").cmake_args()
     assert not any("sanitize" in a for a in BuildOptions().cmake_args())
 
 
