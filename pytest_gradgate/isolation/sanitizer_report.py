@@ -14,8 +14,6 @@ import os
 import re
 from dataclasses import dataclass
 
-from pytest_gradgate.library.cmake import LIBRARY_NAME, SOURCE_LINK
-
 SHIM_SOURCE = "gradgate_shim.c"
 
 # "==123==ERROR: AddressSanitizer: heap-buffer-overflow on address 0x... at pc ..."
@@ -97,6 +95,8 @@ def first_stack(text):
 
 def first_ggml_frame(lines):
     """The first frame in the built library whose source is not our shim, as a Frame."""
+    # here, not at the top: every worker imports this module, and only a report needs the build's names
+    from pytest_gradgate.library.cmake import LIBRARY_NAME
     for line in lines:
         m = _FRAME.match(line)
         described, module = m.group(2), m.group(3)
@@ -123,5 +123,6 @@ def ggml_path(path):
     """A source path of the report as ggml's own abort lines name it: a build that reached the
     tree through the staging folder's link (library/cmake.py SOURCE_LINK) compiled it under a
     relative path through that link, which is read here as ggml/..."""
+    from pytest_gradgate.library.cmake import SOURCE_LINK
     path = os.path.normpath(path)
     return re.sub(r"^(?:.*/)?" + re.escape(SOURCE_LINK) + "/", "ggml/", path)
