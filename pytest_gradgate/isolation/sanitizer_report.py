@@ -6,8 +6,10 @@ the thread that made it, innermost frame first; the innermost frames are often t
 own (a memcpy interceptor) and the outermost are Python's, so the frame worth naming is the first
 one in the built library that is ggml's, not our shim's.
 
-Every frame carries its module (library/sanitizer.py's STACK_FRAME_FORMAT asks for it): "in the library" is then a fact of the report, not a guess from a
-source path, which for a tree built without ccache is wherever the user's checkout lies.
+Every frame carries its module (library/sanitizer.py's STACK_FRAME_FORMAT asks for it): "in the
+library" is then a fact of the report, not a guess from a source path, which for a tree built
+without ccache is wherever the user's checkout lies (and CPython's own frames have files and lines
+too, where it was built with debug information).
 """
 
 import os
@@ -16,8 +18,9 @@ from dataclasses import dataclass
 
 SHIM_SOURCE = "gradgate_shim.c"
 
-# "==123==ERROR: AddressSanitizer: heap-buffer-overflow on address 0x... at pc ..."
-_ASAN_HEADER = re.compile(r"^==\d+==ERROR: (AddressSanitizer): (\S+)(?: on (?:unknown )?address)?", re.M)
+# "==123==ERROR: AddressSanitizer: heap-buffer-overflow on address 0x... at pc ...", "... SEGV on unknown
+# address ...", "... attempting double-free on 0x... in thread T0:": the error is what comes before " on "
+_ASAN_HEADER = re.compile(r"^==\d+==ERROR: (AddressSanitizer): (.+?)(?= on | \(|:?$)", re.M)
 # "WRITE of size 4 at 0x602000000018 thread T0", or for a SEGV "The signal is caused by a WRITE memory access."
 _ASAN_ACCESS = re.compile(r"^(READ|WRITE) of size (\d+) at ", re.M)
 _ASAN_SIGNAL_ACCESS = re.compile(r"^==\d+==The signal is caused by a (READ|WRITE) memory access", re.M)
