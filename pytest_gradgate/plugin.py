@@ -33,7 +33,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gradgate: a gradient check declared in YAML or with the gradgate fixture")
     state = GateState(config)
     config.stash[STATE] = state
-    config.pluginmanager.register(ResultCollector(state), "gradgate-results")
+    config.pluginmanager.register(ResultCollector(state, config), "gradgate-results")
     from pytest_gradgate.report import outputs     # stdlib only: JSON, GitHub annotations
     config.pluginmanager.register(outputs.GateOutputs(state), "gradgate-outputs")
     if state.settings["html"]:
@@ -238,6 +238,8 @@ def pytest_runtest_makereport(item, call):
         data["skip_reason"] = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
         data["baseline"] = getattr(item, "gradgate_baseline", None)    # "known", "stale" or None
         data["nodeid"] = item.nodeid
+        # the fixture's run(): the test asserts on the result, its outcome is the test's own
+        data["returned_to_test"] = getattr(item, "gradgate_result_returned", False)
         data["baseline_key"] = getattr(item, "gradgate_baseline_key", None)   # gate items only
         if data["baseline"] == "stale":
             data["message"] = getattr(item, "gradgate_stale_text", data["message"])
@@ -271,12 +273,21 @@ def pytest_report_from_serializable(config, data):
 
 
 class ResultCollector:
-    """Collects the Results riding on reports (on the xdist controller too)."""
+    """Collects the Results riding on reports (on the xdist controller too), and pytest's own
+    outcome of every report of a gradgate item, so that the HTML report counts what pytest
+    counts, items without a Result (an invalid case, a test that failed before its check) too."""
 
-    def __init__(self, state):
+    def __init__(self, state, config):
         self.state = state
+        self.config = config
 
     def pytest_runtest_logreport(self, report):
+        if "gradgate" in report.keywords:    # YAML items and tests that use the fixture (their marker)
+            # the category pytest's terminal summary counts the report under ("" for a passed setup)
+            outcome = self.config.hook.pytest_report_teststatus(report=report, config=self.config)[0]
+            if outcome:
+                self.state.gate_reports.append({"nodeid": report.nodeid, "outcome": outcome,
+                                                "message": "" if report.passed else _short_reason(report)})
         result = getattr(report, "gradgate_result", None)
         if result is not None:
             self.state.results.append(result)
@@ -288,11 +299,23 @@ class ResultCollector:
             self.state.invalid_cases.append(invalid)
 
 
+def _short_reason(report):
+    """One line of why a report did not pass: the exception's message, or a skip's reason."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        text = crash.message
+    elif isinstance(report.longrepr, tuple):     # a skip: (path, line, reason)
+        text = report.longrepr[2]
+    else:
+        text = str(report.longrepr or "")
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
 def pytest_sessionfinish(session, exitstatus):
     state = state_of(session.config)
     path = state.settings["html"]
     # under xdist only the controller writes: it has every worker's results
-    if not path or hasattr(session.config, "workerinput") or not (state.enabled or state.results):
+    if not path or hasattr(session.config, "workerinput") or not (state.enabled or state.gate_reports):
         return
     from pytest_gradgate.report import html
     meta = {"exit status": int(exitstatus)}
@@ -302,7 +325,7 @@ def pytest_sessionfinish(session, exitstatus):
         meta["library"] = facts["library"]
     try:
         target = Path(session.config.invocation_params.dir) / path
-        state.html_report = str(html.write(target, state.results, meta))
+        state.html_report = str(html.write(target, state.results, meta, state.gate_reports))
     except OSError as exc:
         state.html_report = exc
 
