@@ -100,6 +100,24 @@ def pytest_collection_modifyitems(session, config, items):
         explore.collect(session, items)
 
 
+# after collection, without --gradgate, when collected tests use the fixture (tests import it)
+FIXTURE_TESTS_RUN = ("gradgate: {count} {tests} the gradgate fixture, whose checks run without --gradgate: "
+                     "ggml is built (or found in the cache) when the first one runs; "
+                     '-m "not gradgate" leaves them out')
+
+
+def pytest_report_collectionfinish(config, items):
+    # a test that asks for the fixture asks for its check, so it runs without --gradgate (a skip
+    # would let a plain `pytest` in CI pass unchecked); this line says why ggml gets built
+    state = config.stash.get(STATE, None)
+    if state is None or state.enabled:
+        return None
+    count = sum(1 for item in items if "gradgate" in getattr(item, "fixturenames", ()))
+    if not count:
+        return None
+    return FIXTURE_TESTS_RUN.format(count=count, tests="test uses" if count == 1 else "tests use")
+
+
 def pytest_itemcollected(item):
     # tests that use the fixture are gradient checks too: `-m gradgate` selects them with the YAML cases
     if "gradgate" in getattr(item, "fixturenames", ()):
