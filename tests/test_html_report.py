@@ -154,6 +154,8 @@ def test_crash_shows_message_and_stderr(tmp_path, default_build):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "1 failed, 2 passed" in proc.stdout, proc.stdout
     report = parse(tmp_path / "out" / "r.html")
+    # the controller counts its workers' reports as pytest does (before: "1 crashed, 2 passed")
+    assert report.counts == "1 failed (1 crashed), 2 passed", report.counts
     # failures first: the crash heads the table although its name sorts after add_plain
     assert [r["class"] for r in report.rows] == ["crashed", "passed", "passed"]
     assert [s["class"] for s in report.sections] == ["case crashed"]
@@ -200,7 +202,7 @@ def counts_of(text):
     return {plural.get(word, word): int(n) for n, word in re.findall(r"(\d+) (\w+)", text)}
 
 
-def test_counts_agree_with_pytest_and_run_results_are_not_failures(pytester, default_build):
+def test_counts_agree_with_pytest_and_run_results_are_not_failures(pytester, default_build, monkeypatch):
     """YAML cases (pass, fail, crash, invalid) and fixture tests (a check through two consumers,
     a run() result the test asserts on, an invalid check, a test's own failing assertion), in
     one real run with the HTML, JSON and JUnit reports.
@@ -208,8 +210,11 @@ def test_counts_agree_with_pytest_and_run_results_are_not_failures(pytester, def
     Before: the HTML said "3 failed, 1 crashed, 4 passed" where pytest said "5 failed, 4 passed,
     1 error": it counted Results by status, so the items without a Result (the invalid case, the
     invalid check) were missing, a crash was not a failure, and the run() result the test
-    asserted on (the test passed) was counted and drawn as a failure."""
+    asserted on (the test passed) was counted and drawn as a failure. The GitHub step summary's
+    head line counted the same way ("4 failed, 4 passed")."""
     pytest.importorskip("matplotlib")
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "step_summary.md"))
     pytester.makefile(".yaml", gradgate_cases=MIXED_CASES)
     pytester.makepyfile(test_fixture_checks=MIXED_TESTS)
     # in a subprocess: drawing in this process would import parts of matplotlib that pytester
@@ -230,6 +235,8 @@ def test_counts_agree_with_pytest_and_run_results_are_not_failures(pytester, def
     # the summary's counts are pytest's, the case statuses a breakdown of them
     assert counts_of(report.counts) == pytest_counts, report.counts
     assert report.counts.startswith("5 failed (1 crashed), 4 passed ("), report.counts
+    head = (pytester.path / "step_summary.md").read_text().splitlines()[0]
+    assert head == f"## gradgate: FAILED ({report.counts})", head
     junit = ElementTree.parse(pytester.path / "junit.xml").getroot().find("testsuite")
     assert (int(junit.get("tests")), int(junit.get("failures")), int(junit.get("errors"))) == (10, 5, 1)
 

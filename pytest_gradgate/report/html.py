@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pytest_gradgate.report.counts import count_text, item_outcomes, returned_to_test, tests_of
 from pytest_gradgate.report.text import format_number as _num
 
 EXTRA_HINT = "pip install 'pytest-gradgate[report]'"
@@ -59,16 +60,10 @@ def _e(value):
 
 
 def _rank(result):
-    if _returned(result):       # not a failure of its test: among the passes, ahead of them
+    if returned_to_test(result):       # not a failure of its test: among the passes, ahead of them
         return STATUS_ORDER.index("passed") - 0.5
     status = result.get("status", "error")
     return STATUS_ORDER.index(status) if status in STATUS_ORDER else 0
-
-
-def _returned(result):
-    """A result the fixture's run() returned for its test to assert on, which did not pass:
-    what the test got back, not a failure of the test."""
-    return bool(result.get("returned_to_test")) and result.get("status") != "passed"
 
 
 def _anchor(index):
@@ -274,7 +269,7 @@ def _param_section(param, draw=True):
 def _case_section(index, r, draw=True):
     status = r.get("status", "error")
     origin = r.get("origin") or {}
-    out = [f'<section class="case {"returned" if _returned(r) else _e(status)}" id="{_anchor(index)}">',
+    out = [f'<section class="case {"returned" if returned_to_test(r) else _e(status)}" id="{_anchor(index)}">',
            f'<h3><span class="badge {_e(status)}">{_e(status)}</span> {_e(r.get("case_id"))}</h3>',
            f'<p>op {_e(r.get("op") or "?")}, producer {_e(r.get("producer") or "none")}, '
            f'consumer {_e(r.get("consumer"))}, loss {_e(r.get("loss"))}, '
@@ -306,7 +301,7 @@ def _summary_table(ordered):
         status = r.get("status", "error")
         outcome = r.get("outcome") or status
         shown, row_class = status, status
-        if _returned(r):
+        if returned_to_test(r):
             shown, row_class = f"{status} (gradgate.run(); test {outcome})", "returned"
         elif outcome in ("passed", "failed"):
             if (outcome == "passed") != (status == "passed"):
@@ -371,57 +366,13 @@ document.querySelectorAll('#summary th').forEach(function (th) {
 """
 
 
-# the order of pytest's summary line (_pytest/terminal.py KNOWN_TYPES); others follow
-PYTEST_ORDER = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "warnings", "error")
-
-
-def _tests_of(results):
-    """Without pytest's reports (render() given Results alone): one test per Result."""
-    return [{"nodeid": r.get("nodeid") or r.get("case_id"), "outcome": r.get("outcome") or r.get("status", "error"),
-             "message": ""} for r in results]
-
-
-def _item_outcomes(tests):
-    """nodeid -> the outcome its row shows: the first that is not a pass (a setup error, a failed
-    call, a teardown error), else passed."""
-    out = {}
-    for t in tests:
-        if out.get(t["nodeid"], "passed") == "passed":
-            out[t["nodeid"]] = t["outcome"]
-    return out
-
-
-def count_text(tests, results):
-    """pytest's counts, each with what its cases' statuses add: "5 failed (1 crashed), 4 passed
-    (1 with a failed gradgate.run() result), 1 error"; "no tests ran" for none."""
-    result_of = {r.get("nodeid") or r.get("case_id"): r for r in results}
-    nodeids = {}
-    for t in tests:
-        nodeids.setdefault(t["outcome"], []).append(t["nodeid"])
-    order = sorted(nodeids, key=lambda o: (PYTEST_ORDER.index(o) if o in PYTEST_ORDER else len(PYTEST_ORDER)))
-    parts = []
-    for outcome in order:
-        finer = {}
-        for nodeid in nodeids[outcome]:
-            r = result_of.get(nodeid)
-            status = r.get("status", "error") if r is not None else None
-            if r is None or (status in (outcome, "passed") and not _returned(r)):
-                continue
-            label = f"with a {status} gradgate.run() result" if _returned(r) else status
-            finer[label] = finer.get(label, 0) + 1
-        n = len(nodeids[outcome])
-        word = "errors" if outcome == "error" and n != 1 else outcome
-        parts.append(f"{n} {word}" + (" (" + ", ".join(f"{k} {s}" for s, k in finer.items()) + ")" if finer else ""))
-    return ", ".join(parts) or "no tests ran"
-
-
 def render(results, meta=None, tests=None):
     """The report as one HTML string. results: Result dicts (Result.to_dict(), plus the
     plugin's "outcome", "nodeid" and "returned_to_test"); meta: optional {label: value} lines for
     the header; tests: pytest's outcome of each report of a gradgate item ({nodeid, outcome,
     message}, the plugin's ResultCollector), which the counts are; without them, the Results'."""
-    tests = _tests_of(results) if tests is None else tests
-    outcome_of = _item_outcomes(tests)
+    tests = tests_of(results) if tests is None else tests
+    outcome_of = item_outcomes(tests)
     # each row shows its item's outcome as pytest counted it (copies: the Results stay as given)
     rows = [dict(r, outcome=outcome_of.get(r.get("nodeid") or r.get("case_id"), r.get("outcome"))) for r in results]
     with_result = {r.get("nodeid") or r.get("case_id") for r in results}
@@ -445,8 +396,8 @@ def render(results, meta=None, tests=None):
     parts.append('<p class="meta">' + "<br>".join(f"{_e(k)}: {_e(v)}" for k, v in lines.items()) + "</p>")
     parts.append(_summary_table(ordered))
     shown = [(i, r) for i, r in ordered if r.get("status") in NOT_PASSED and not r.get("no_result")]
-    failing = [(i, r) for i, r in shown if not _returned(r)]
-    returned = [(i, r) for i, r in shown if _returned(r)]
+    failing = [(i, r) for i, r in shown if not returned_to_test(r)]
+    returned = [(i, r) for i, r in shown if returned_to_test(r)]
     drawn = 0
     for group, heading in ((failing, f"Cases that did not pass ({len(failing)})"),
                            (returned, f"Results returned by gradgate.run() that did not pass ({len(returned)}): "
