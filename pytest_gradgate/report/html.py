@@ -1,12 +1,13 @@
 """The HTML report: one self-contained file a reviewer can open from a CI artifact.
 
 Its counts are pytest's own outcomes of the gradgate items (YAML cases and tests that use the
-fixture), with the cases' statuses as a breakdown ("5 failed (1 crashed)"): the plugin hands
-over each report's outcome as pytest's terminal summary counts it. Then a summary table of every
-item (failures first, sortable by a tiny inline script), then one section per case that did not
-pass: for each failed parameter, heatmaps of the analytic
+fixture), with the cases' statuses as a breakdown ("5 failed (1 crashed)"; report/counts.py).
+Then a summary table of every item (failures first, sortable by a tiny inline script), then one
+section per case that did not pass: for each failed parameter, heatmaps of the analytic
 gradient, the numeric gradient and their difference, one 2-D slice (ne0 x ne1) per (i2, i3),
-plus the worst elements; for a crash, ggml's message and the tail of its stderr.
+plus the worst elements; for a crash, ggml's message and the tail of its stderr. A result that
+the fixture's run() returned is what its test got back, not a failure: its section comes
+under a heading of its own.
 
 Why pictures: a gradient read from the wrong places has the right values in the wrong cells,
 which a list of numbers hides and a heatmap shows at once (the CONCAT story in DESIGN.md).
@@ -34,9 +35,10 @@ EXTRA_HINT = "pip install 'pytest-gradgate[report]'"
 MISSING_MATPLOTLIB = ("--gradgate-html needs matplotlib, which is not installed; install the report extra: "
                       + EXTRA_HINT + " (or pip install matplotlib)")
 
-# failures first; the order in which groups appear in the table and the sections
-STATUS_ORDER = ("failed", "crashed", "timeout", "error", "consumer-failed", "producer-failed", "numeric-unreliable", "inconclusive",
-                "skipped", "passed")
+# failures first; the order in which groups appear in the table and the sections (xpassed and
+# xfailed: the outcome of an item without a case result, e.g. a fixture test marked xfail)
+STATUS_ORDER = ("failed", "crashed", "timeout", "error", "consumer-failed", "producer-failed", "xpassed",
+                "numeric-unreliable", "inconclusive", "xfailed", "skipped", "passed")
 NOT_PASSED = ("failed", "crashed", "timeout", "error", "consumer-failed", "producer-failed")
 MAX_SLICES = 8          # per parameter: beyond this, the slices with the largest error are shown
 MAX_ANNOTATED = 96      # cells per slice up to which each cell's value is printed in it
