@@ -204,8 +204,8 @@ def counts_of(text):
 
 def test_counts_agree_with_pytest_and_run_results_are_not_failures(pytester, default_build, monkeypatch):
     """YAML cases (pass, fail, crash, invalid) and fixture tests (a check through two consumers,
-    a run() result the test asserts on, an invalid check, a test's own failing assertion), in
-    one real run with the HTML, JSON and JUnit reports.
+    a run() result the test asserts on, an invalid check, a test's own failing assertion), and a
+    plain test in a folder named gradgate, in one real run with the HTML, JSON and JUnit reports.
 
     Before: the HTML said "3 failed, 1 crashed, 4 passed" where pytest said "5 failed, 4 passed,
     1 error": it counted Results by status, so the items without a Result (the invalid case, the
@@ -217,14 +217,18 @@ def test_counts_agree_with_pytest_and_run_results_are_not_failures(pytester, def
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "step_summary.md"))
     pytester.makefile(".yaml", gradgate_cases=MIXED_CASES)
     pytester.makepyfile(test_fixture_checks=MIXED_TESTS)
+    # not a gradgate item, though "gradgate" is one of its keywords (its folder's name)
+    pytester.mkdir("gradgate")
+    (pytester.path / "gradgate" / "test_plain.py").write_text("def test_plain():\n    pass\n")
     # in a subprocess: drawing in this process would import parts of matplotlib that pytester
     # then unloads, leaving the rest of this session with two copies of its classes
     result = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "-p", "no:cacheprovider",
                                            "--gradgate-html=report.html", "--gradgate-json=report.json",
-                                           "--junitxml=junit.xml", "gradgate_cases.yaml", "test_fixture_checks.py")
+                                           "--junitxml=junit.xml", "gradgate_cases.yaml", "test_fixture_checks.py",
+                                           "gradgate/test_plain.py")
     pytest_counts = result.parseoutcomes()
     pytest_counts.pop("seconds", None)
-    assert pytest_counts == {"failed": 5, "passed": 4, "errors": 1}, result.stdout.str()
+    assert pytest_counts == {"failed": 5, "passed": 5, "errors": 1}, result.stdout.str()
     # the test whose case passed failed on its own assertion: pytest says so; the gate's list of
     # failures (and GitHub's annotations) does not blame the case ("passed in phase done" before)
     gate_failures = result.stdout.str().split("gradgate failures")[1].split("short test summary")[0]
@@ -232,13 +236,14 @@ def test_counts_agree_with_pytest_and_run_results_are_not_failures(pytester, def
     assert "test_check_through_two_consumers: MAA" in gate_failures, gate_failures
     report = parse(pytester.path / "report.html")
 
-    # the summary's counts are pytest's, the case statuses a breakdown of them
-    assert counts_of(report.counts) == pytest_counts, report.counts
+    # the summary's counts are pytest's for the gradgate items (all but test_plain), the case
+    # statuses a breakdown of them
+    assert counts_of(report.counts) == dict(pytest_counts, passed=pytest_counts["passed"] - 1), report.counts
     assert report.counts.startswith("5 failed (1 crashed), 4 passed ("), report.counts
     head = (pytester.path / "step_summary.md").read_text().splitlines()[0]
     assert head == f"## gradgate: FAILED ({report.counts})", head
     junit = ElementTree.parse(pytester.path / "junit.xml").getroot().find("testsuite")
-    assert (int(junit.get("tests")), int(junit.get("failures")), int(junit.get("errors"))) == (10, 5, 1)
+    assert (int(junit.get("tests")), int(junit.get("failures")), int(junit.get("errors"))) == (11, 5, 1)
 
     # one row per test item, each with pytest's outcome, the items without a Result included
     outcomes = {r["attrs"]["data-nodeid"]: r["attrs"]["data-outcome"] for r in report.rows}
