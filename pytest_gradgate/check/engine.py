@@ -178,8 +178,10 @@ def run_case(case, lib, phase=lambda name: None):
             return result.finish(Status.ERROR, Phase.COMPUTE, message=f"backward compute failed (ggml_status {status})",
                                  started=started)
         # before any value is read: did a kernel write outside its tensor, or leave elements unwritten?
+        checks_started = time.perf_counter()
         wrong_memory = (memory.guard_breach(g, session, gb, "forward and backward compute")
                         or memory.unwritten(g, session, gb))
+        timings["memory-checks"] = time.perf_counter() - checks_started
         if wrong_memory is not None:
             return _memory_failure(result, case, wrong_memory, Phase.COMPUTE, started)
         loss_value = float(lib.gg_read_scalar(loss))
@@ -188,7 +190,9 @@ def run_case(case, lib, phase=lambda name: None):
             return {name: read_tensor(g, grads[name]) if grads[name] != g.ffi.NULL else np.zeros(int(np.prod(shapes[name])))
                     for name in params}
         analytic = gradients()
+        checks_started = time.perf_counter()
         varies = _determinism(lib, session, gb, case, analytic, gradients)
+        timings["determinism"] = time.perf_counter() - checks_started
         if not math.isfinite(loss_value):
             # every finite difference of a loss that is already NaN/Inf at the inputs is NaN/Inf
             # as well (the other elements stay where they are): they could tell nothing about
@@ -218,7 +222,11 @@ def run_case(case, lib, phase=lambda name: None):
                 timings["numeric-lane-cpu-seconds"] = timings.get("numeric-lane-cpu-seconds", 0.0) + checks[name]["lane_seconds"]
 
         # the finite differences' forwards, each on fresh values: a write outside a tensor persists
-        breach = memory.guard_breach(g, session, gf, "finite differences' forward computes")
+        checks_started = time.perf_counter()
+        breach = memory.guard_breach(g, session, gf, "finite differences' forward computes") or next(
+            (b for b in (memory.guard_breach(lane.g, lane.session, lane.gf, "finite differences' forward computes "
+                                             "(a lane's copy of the graph)") for lane in extra_lanes) if b), None)
+        timings["memory-checks"] += time.perf_counter() - checks_started
         if breach is not None:
             return _memory_failure(result, case, breach, Phase.NUMERIC, started)
 
