@@ -252,7 +252,7 @@ def run_case(case, lib, phase=lambda name: None):
 def _memory_failure(result, case, finding, phase, started):
     """A verified fault of a kernel's memory use: the case fails whatever its gradients say (they
     were computed with that fault, and another run may show it elsewhere)."""
-    result.kind = finding.kind
+    result.kind, result.culprit = finding.kind, finding.culprit
     result.diagnosis = finding.text
     result.message = f"{case.id}: {finding.summary}"
     return result.finish(Status.FAILED, phase, started=started)

@@ -39,14 +39,14 @@ from pytest_gradgate.ops.table import ne4
 class _Stop(Exception):
     """A formulation that could not be computed: the Result says why."""
 
-    def __init__(self, status, phase, message, kind=None, diagnosis=""):
+    def __init__(self, status, phase, message, kind=None, diagnosis="", culprit=""):
         super().__init__(message)
         self.status, self.phase, self.message = status, phase, message
-        self.kind, self.diagnosis = kind, diagnosis
+        self.kind, self.diagnosis, self.culprit = kind, diagnosis, culprit
 
     def finish(self, result, started):
         if self.kind is not None:
-            result.kind, result.diagnosis = self.kind, self.diagnosis
+            result.kind, result.diagnosis, result.culprit = self.kind, self.diagnosis, self.culprit
         return result.finish(self.status, self.phase, message=self.message, started=started)
 
 
@@ -88,7 +88,7 @@ def compute_formulation(case, lib, label, graph, phase):
                         or memory.unwritten(g, session, gb))
         if wrong_memory is not None:
             raise _Stop(Status.FAILED, Phase.COMPUTE, f"{case.id}: formulation '{label}': {wrong_memory.summary}",
-                        wrong_memory.kind, f"formulation '{label}': {wrong_memory.text}")
+                        wrong_memory.kind, f"formulation '{label}': {wrong_memory.text}", wrong_memory.culprit)
         out_ne, _ = g.layout(y)
         # the leaves' shapes: through a producer (a parity side's case) a leaf is laid out otherwise
         shapes = {name: ne4(shapes[name]) for name in params}

@@ -20,6 +20,7 @@ class Finding:
     kind: Diagnosis
     text: str           # the diagnosis: what was written or left unwritten, where, by which node
     summary: str        # one line for the failure's message
+    culprit: str = ""   # the ggml op of the node at fault, when the run named one (ROPE)
 
 
 def describe(g, t):
@@ -60,7 +61,7 @@ def guard_breach(g, session, graph, during):
     target = f"its output {_shape_of(g, tensor)}" if node == tensor else describe(g, tensor)
     text = (f"the {op} kernel (node {index} of the graph) wrote {where} {target} ({changed}) during the {during}; "
             "a replay of the graph one node at a time reproduced the write at this node")
-    return Finding(Diagnosis.OUT_OF_BOUNDS_WRITE, text, f"{op} wrote {where} {target}")
+    return Finding(Diagnosis.OUT_OF_BOUNDS_WRITE, text, f"{op} wrote {where} {target}", op)
 
 
 def _shape_of(g, t):
@@ -100,4 +101,4 @@ def unwritten(g, session, graph):
             f"({describe(g, node)}, node {i} of the graph) unwritten, the first at {ggml_index(first[0], ne)}: "
             "they still hold the NaN pattern every tensor starts with, so whatever reads them reads "
             "memory no kernel wrote")
-    return Finding(Diagnosis.UNWRITTEN, text, f"{op} left {n[0]} of {total} output elements unwritten")
+    return Finding(Diagnosis.UNWRITTEN, text, f"{op} left {n[0]} of {total} output elements unwritten", op)
