@@ -33,7 +33,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gradgate: a gradient check declared in YAML or with the gradgate fixture")
     state = GateState(config)
     config.stash[STATE] = state
-    config.pluginmanager.register(ResultCollector(state), "gradgate-results")
+    config.pluginmanager.register(ResultCollector(state, config), "gradgate-results")
     from pytest_gradgate.report import outputs     # stdlib only: JSON, GitHub annotations
     config.pluginmanager.register(outputs.GateOutputs(state), "gradgate-outputs")
     if state.settings["html"]:
@@ -114,6 +114,24 @@ def pytest_collection_modifyitems(session, config, items):
     if state.explore:
         from pytest_gradgate.gate import explore
         explore.collect(session, items)
+
+
+# after collection, without --gradgate, when collected tests use the fixture (tests import it)
+FIXTURE_TESTS_RUN = ("gradgate: {count} {tests} the gradgate fixture, whose checks run without --gradgate: "
+                     "ggml is built (or found in the cache) when the first one runs; "
+                     '-m "not gradgate" leaves them out')
+
+
+def pytest_report_collectionfinish(config, items):
+    # a test that asks for the fixture asks for its check, so it runs without --gradgate (a skip
+    # would let a plain `pytest` in CI pass unchecked); this line says why ggml gets built
+    state = config.stash.get(STATE, None)
+    if state is None or state.enabled:
+        return None
+    count = sum(1 for item in items if "gradgate" in getattr(item, "fixturenames", ()))
+    if not count:
+        return None
+    return FIXTURE_TESTS_RUN.format(count=count, tests="test uses" if count == 1 else "tests use")
 
 
 def pytest_itemcollected(item):
@@ -236,6 +254,10 @@ def pytest_runtest_protocol(item, nextitem):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
+    if item.get_closest_marker("gradgate") is not None:
+        # a gradgate item (YAML, or a test that uses the fixture): ResultCollector counts its
+        # outcome. Not report.keywords: a folder named gradgate would make every test in it one
+        report.gradgate_item = True
     err = getattr(item, "gradgate_invalid_error", None)    # an InvalidCaseItem's (no import per test)
     if call.when == "setup" and err is not None:
         # rides on the report like results do, for the GitHub annotation on the bad line
@@ -256,6 +278,8 @@ def pytest_runtest_makereport(item, call):
         data["skip_reason"] = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
         data["baseline"] = getattr(item, "gradgate_baseline", None)    # "known", "stale" or None
         data["nodeid"] = item.nodeid
+        # the fixture's run(): the test asserts on the result, its outcome is the test's own
+        data["returned_to_test"] = getattr(item, "gradgate_result_returned", False)
         data["baseline_key"] = getattr(item, "gradgate_baseline_key", None)   # gate items only
         if data["baseline"] == "stale":
             data["message"] = getattr(item, "gradgate_stale_text", data["message"])
@@ -289,12 +313,21 @@ def pytest_report_from_serializable(config, data):
 
 
 class ResultCollector:
-    """Collects the Results riding on reports (on the xdist controller too)."""
+    """Collects the Results riding on reports (on the xdist controller too), and pytest's own
+    outcome of every report of a gradgate item, so that the HTML report counts what pytest
+    counts, items without a Result (an invalid case, a test that failed before its check) too."""
 
-    def __init__(self, state):
+    def __init__(self, state, config):
         self.state = state
+        self.config = config
 
     def pytest_runtest_logreport(self, report):
+        if getattr(report, "gradgate_item", False):     # plugin.pytest_runtest_makereport
+            # the category pytest's terminal summary counts the report under ("" for a passed setup)
+            outcome = self.config.hook.pytest_report_teststatus(report=report, config=self.config)[0]
+            if outcome:
+                self.state.gate_reports.append({"nodeid": report.nodeid, "outcome": outcome,
+                                                "message": "" if report.passed else _short_reason(report)})
         result = getattr(report, "gradgate_result", None)
         if result is not None:
             self.state.results.append(result)
@@ -306,11 +339,23 @@ class ResultCollector:
             self.state.invalid_cases.append(invalid)
 
 
+def _short_reason(report):
+    """One line of why a report did not pass: the exception's message, or a skip's reason."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        text = crash.message
+    elif isinstance(report.longrepr, tuple):     # a skip: (path, line, reason)
+        text = report.longrepr[2]
+    else:
+        text = str(report.longrepr or "")
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
 def pytest_sessionfinish(session, exitstatus):
     state = state_of(session.config)
     path = state.settings["html"]
     # under xdist only the controller writes: it has every worker's results
-    if not path or hasattr(session.config, "workerinput") or not (state.enabled or state.results):
+    if not path or hasattr(session.config, "workerinput") or not (state.enabled or state.gate_reports):
         return
     from pytest_gradgate.report import html
     meta = {"exit status": int(exitstatus)}
@@ -320,7 +365,7 @@ def pytest_sessionfinish(session, exitstatus):
         meta["library"] = facts["library"]
     try:
         target = Path(session.config.invocation_params.dir) / path
-        state.html_report = str(html.write(target, state.results, meta))
+        state.html_report = str(html.write(target, state.results, meta, state.gate_reports))
     except OSError as exc:
         state.html_report = exc
 

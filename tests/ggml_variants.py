@@ -117,6 +117,36 @@ _HEAP_OVERFLOW_TAIL = _HEAP_OVERFLOW_TAIL_ANCHOR + """\
         free(row);
 """ % HEAP_OVERFLOW_MARK
 
+# The "unwritten" variant: the CPU SILU_BACK kernel never writes the last element of its last
+# row (its vector call stops one short there), as a kernel whose loop bound is off by one does:
+# the element keeps whatever the memory held before, so the gradient read from it is arbitrary.
+_UNWRITTEN_CODE = """\
+    for (int i1 = ir0; i1 < ir1; i1++) {
+        // pytest-gradgate's unwritten test variant: the last row's last element is never written
+        ggml_vec_silu_backward_f32(i1 == nr - 1 ? nc - 1 : nc,
+"""
+# The "race" variant: after computing its rows, every thread of the CPU SILU_BACK kernel stores
+# the sum of its own rows' last elements into the output's last element (a reduction whose
+# per-thread partials are never combined). On one thread that element holds the whole sum; on
+# several it holds whichever thread's partial sum was stored last. The kernel's own row loop
+# follows, bounded to run no row.
+_RACE_CODE = """\
+    for (int i1 = ir0; i1 < ir1; i1++) {
+        ggml_vec_silu_backward_f32(nc,
+                (float *) ((char *) dst->data  + i1*( dst->nb[1])),
+                (float *) ((char *) src1->data + i1*(src1->nb[1])),
+                (float *) ((char *) grad->data + i1*(grad->nb[1])));
+    }
+    if (ir1 > ir0) { // pytest-gradgate's race test variant: one shared element, written by every thread
+        float partial = 0.0f;
+        for (int i1 = ir0; i1 < ir1; i1++) {
+            partial += ((float *) ((char *) dst->data + i1*dst->nb[1]))[nc - 1];
+        }
+        ((float *) ((char *) dst->data + (nr - 1)*dst->nb[1]))[nc - 1] = partial;
+    }
+    for (int i1 = ir1; i1 < ir1; i1++) {
+        ggml_vec_silu_backward_f32(nc,
+"""
 # The "tf32-matmul" variant: the CPU's f32 mul_mat rounds its inputs to TF32 (a 10-bit
 # mantissa, to nearest even) and sums the products in f32, as ggml-cuda's cuBLAS calls do on
 # tensor cores: the CPU stands in for CUDA's arithmetic, which --gradgate-tf32 cpu tells the
@@ -266,8 +296,8 @@ _WALK_SCALE_TASKS = ("        case GGML_OP_OPT_STEP_ADAMW:\n        case GGML_OP
                      "        case GGML_OP_WALK_SCALE: // pytest-gradgate's walk-scale variant\n"
                      "        case GGML_OP_OPT_STEP_ADAMW:\n        case GGML_OP_OPT_STEP_SGD:\n            {\n                n_tasks = n_threads;")
 
-VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "heap-overflow", "tf32-matmul",
-                                     "tf32-matmul-scaled", "sub-sign", "input-strides", "transpose-half",
+VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "heap-overflow", "unwritten", "race",
+                                     "tf32-matmul", "tf32-matmul-scaled", "sub-sign", "input-strides", "transpose-half",
                                      "transpose-reshape") + tuple(UNCAUGHT_VARIANTS) + (UNCAUGHT,) + tuple(WALK_SCALE_VARIANTS)
 
 
@@ -355,6 +385,10 @@ def make_variant(ggml_root, dest, name):
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", _HEAP_OVERFLOW_TAIL_ANCHOR, _HEAP_OVERFLOW_TAIL)
     elif name == "last-element":
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", THREAD_BOUNDARY_ANCHOR, _LAST_ELEMENT_CODE)
+    elif name == "unwritten":
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", THREAD_BOUNDARY_ANCHOR, _UNWRITTEN_CODE)
+    elif name == "race":
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", THREAD_BOUNDARY_ANCHOR, _RACE_CODE)
     else:
         insert_before(dest / "src" / "ggml.c", BACKWARD_ANCHOR, CONCAT_VARIANTS[name])
     return dest

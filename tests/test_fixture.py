@@ -6,6 +6,7 @@ with a diagnosis); SQRT's aborts in ggml_div through a transpose (a crash, which
 one failed test while the next test still runs); REGLU has no backward at all.
 """
 
+import json
 import textwrap
 
 import pytest
@@ -173,3 +174,55 @@ def test_a_call_that_declares_several_cases_checks_every_one(run_tests):
     result.stdout.fnmatch_lines(["PASSED test_checks.py::test_run_returns_every_result",
                                  "PASSED test_checks.py::test_every_case_passes"])
     result.stdout.fnmatch_lines(["*invalid gradgate check: *test_checks.py:23: consumer= and consumers= both given*"])
+
+
+WITH_AND_WITHOUT = """
+    import sys
+
+    def test_plain():
+        assert True
+
+    def test_silu_through_a_transpose(gradgate):
+        gradgate.check("silu(a)", params={"a": [4, 3, 2]}, consumer="transpose")
+    """
+# which of the heavy parts the run imported (docs/install.md: none without the gate), written at its end
+IMPORTS_AT_THE_END = """
+import json, sys
+def pytest_unconfigure(config):
+    heavy = sorted(m for m in sys.modules if m in ("numpy", "cffi", "yaml", "pytest_gradgate.library.cmake",
+                                                   "pytest_gradgate.isolation.parent", "pytest_gradgate.declare.loader"))
+    (config.rootpath / "imported.json").write_text(json.dumps(heavy))
+"""
+
+
+@pytest.mark.parametrize("args, fixture_test, note", [
+    ((), "failed", True),                                   # asked for by the test: it runs, and says so
+    (("-m", "not gradgate"), None, False),                  # left out: nothing of the gate runs
+    (("--gradgate", "--gradgate-no-builtin"), "failed", False),
+])
+def test_fixture_tests_run_with_or_without_the_gradgate_option(pytester, monkeypatch, default_build, args,
+                                                               fixture_test, note):
+    """A test that asks for the `gradgate` fixture asks for its check: it runs with or without
+    --gradgate (a skip would let a project's plain `pytest` in CI pass without checking), with
+    the same outcome: here a failure, SILU's backward through a transpose being wrong on the
+    default ggml. Without --gradgate one line after collection says so and how to leave them
+    out; `-m "not gradgate"` does, and then nothing of the gate is imported or built, which is
+    what "stays out of the way" promises. Before: no line said why a plain `pytest` built ggml,
+    and the README said the plugin stayed out of the way without --gradgate (seen failing on the
+    first row)."""
+    from pytest_gradgate.plugin import FIXTURE_TESTS_RUN
+    monkeypatch.setenv("GRADGATE_CACHE_DIR", str(USER_CACHE))
+    pytester.makepyfile(test_checks=textwrap.dedent(WITH_AND_WITHOUT))
+    pytester.makeconftest(IMPORTS_AT_THE_END)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", *args, "test_checks.py")
+    outcomes = {"passed": 1, "failed": 1} if fixture_test else {"passed": 1, "deselected": 1}
+    result.assert_outcomes(**outcomes)
+    note_line = FIXTURE_TESTS_RUN.format(count=1, tests="test uses")
+    assert (note_line in result.stdout.str()) is note, result.stdout.str()
+    imported = json.loads((pytester.path / "imported.json").read_text())
+    if fixture_test:
+        result.stdout.fnmatch_lines(["FAILED test_checks.py::test_silu_through_a_transpose*"])
+        assert "pytest_gradgate.library.cmake" in imported
+    else:
+        assert imported == [], imported
+        assert "gradgate:" not in result.stdout.str(), result.stdout.str()

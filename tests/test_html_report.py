@@ -7,12 +7,15 @@ Chromium (skipped where no chromium is installed; .ci/run does not install it).
 """
 
 import base64
+import json
 import os
+import re
 import shutil
 import struct
 import subprocess
 import sys
 from html.parser import HTMLParser
+from xml.etree import ElementTree
 from pathlib import Path
 
 import pytest
@@ -51,6 +54,7 @@ class ReportParser(HTMLParser):
     def __init__(self):
         super().__init__()
         self.rows, self.images, self.sections, self.captions, self.stderr = [], [], [], [], []
+        self.counts, self.groups = None, []
         self._stack, self._text = [], None
         self._in_summary = False
 
@@ -59,14 +63,15 @@ class ReportParser(HTMLParser):
         if tag == "table" and attrs.get("id") == "summary":
             self._in_summary = True
         elif tag == "tr" and self._in_summary:
-            self.rows.append({"class": attrs.get("class"), "cells": []})
+            self.rows.append({"class": attrs.get("class"), "cells": [], "attrs": attrs})
         elif tag == "td" and self._in_summary and self.rows:
             self.rows[-1]["cells"].append(attrs.get("data-sort"))
         elif tag == "img":
             self.images.append(attrs)
         elif tag == "section":
             self.sections.append(attrs)
-        elif tag in ("figcaption", "pre"):
+        elif tag in ("figcaption", "pre") or (tag in ("p", "h2") and attrs.get("class") in ("counts", "group"))\
+                or (tag == "span" and self._in_summary):
             self._text = (tag, attrs, [])
 
     def handle_endtag(self, tag):
@@ -74,7 +79,14 @@ class ReportParser(HTMLParser):
             self._in_summary = False
         if self._text and tag == self._text[0]:
             text = "".join(self._text[2])
-            (self.captions if tag == "figcaption" else self.stderr).append(text)
+            if tag == "p":
+                self.counts = text
+            elif tag == "h2":
+                self.groups.append(text)
+            elif tag == "span":
+                self.rows[-1]["status_text"] = text
+            else:
+                (self.captions if tag == "figcaption" else self.stderr).append(text)
             self._text = None
 
     def handle_data(self, data):
@@ -142,6 +154,8 @@ def test_crash_shows_message_and_stderr(tmp_path, default_build):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "1 failed, 2 passed" in proc.stdout, proc.stdout
     report = parse(tmp_path / "out" / "r.html")
+    # the controller counts its workers' reports as pytest does (before: "1 crashed, 2 passed")
+    assert report.counts == "1 failed (1 crashed), 2 passed", report.counts
     # failures first: the crash heads the table although its name sorts after add_plain
     assert [r["class"] for r in report.rows] == ["crashed", "passed", "passed"]
     assert [s["class"] for s in report.sections] == ["case crashed"]
@@ -149,6 +163,106 @@ def test_crash_shows_message_and_stderr(tmp_path, default_build):
     text = (tmp_path / "out" / "r.html").read_text()
     assert "SIGABRT" in text and "phase compute" in text
     assert report.images == []                 # a crash has no gradients to draw
+
+
+MIXED_CASES = CRASHING + """\
+  - name: silu_through_transpose
+    params: {a: [4, 3, 2]}
+    graph: silu(a)
+    consumers: [transpose]
+  - name: invalid_keyword
+    params: {a: [4, 3], b: [4, 2]}
+    graph: concat(a, b, axis=1)
+"""
+MIXED_TESTS = """\
+def test_check_through_two_consumers(gradgate):
+    gradgate.check("silu(a)", params={"a": [4, 3, 2]}, consumers=["none", "transpose"])
+
+def test_run_returns_a_failed_result(gradgate):
+    r = gradgate.run("silu(a)", params={"a": [4, 3, 2]}, consumer="transpose")
+    assert not r.ok
+
+def test_check_passes(gradgate):
+    gradgate.check("mul_mat(a, b)", params={"a": [4, 3, 2], "b": [4, 5, 2]})
+
+def test_invalid_check(gradgate):
+    gradgate.check("concat(a, b, axis=1)", params={"a": [4, 3], "b": [4, 2]})
+
+def test_own_assertion_fails_after_a_pass(gradgate):
+    r = gradgate.run("mul_mat(a, b)", params={"a": [4, 3, 2], "b": [4, 5, 2]})
+    assert r.maa > 1
+"""
+
+
+def counts_of(text):
+    """{outcome: n} from a summary such as "5 failed (1 crashed), 4 passed, 1 error", in
+    pytester's spelling (errors, warnings); the parenthesised breakdown is left out."""
+    plural = {"error": "errors", "warning": "warnings"}
+    text = re.sub(r"\([^)]*\)", "", text)
+    return {plural.get(word, word): int(n) for n, word in re.findall(r"(\d+) (\w+)", text)}
+
+
+def test_counts_agree_with_pytest_and_run_results_are_not_failures(pytester, default_build, monkeypatch):
+    """YAML cases (pass, fail, crash, invalid) and fixture tests (a check through two consumers,
+    a run() result the test asserts on, an invalid check, a test's own failing assertion), and a
+    plain test in a folder named gradgate, in one real run with the HTML, JSON and JUnit reports.
+
+    Before: the HTML said "3 failed, 1 crashed, 4 passed" where pytest said "5 failed, 4 passed,
+    1 error": it counted Results by status, so the items without a Result (the invalid case, the
+    invalid check) were missing, a crash was not a failure, and the run() result the test
+    asserted on (the test passed) was counted and drawn as a failure. The GitHub step summary's
+    head line counted the same way ("4 failed, 4 passed")."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "step_summary.md"))
+    pytester.makefile(".yaml", gradgate_cases=MIXED_CASES)
+    pytester.makepyfile(test_fixture_checks=MIXED_TESTS)
+    # not a gradgate item, though "gradgate" is one of its keywords (its folder's name)
+    pytester.mkdir("gradgate")
+    (pytester.path / "gradgate" / "test_plain.py").write_text("def test_plain():\n    pass\n")
+    # in a subprocess: drawing in this process would import parts of matplotlib that pytester
+    # then unloads, leaving the rest of this session with two copies of its classes
+    result = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "-p", "no:cacheprovider",
+                                           "--gradgate-html=report.html", "--gradgate-json=report.json",
+                                           "--junitxml=junit.xml", "gradgate_cases.yaml", "test_fixture_checks.py",
+                                           "gradgate/test_plain.py")
+    pytest_counts = result.parseoutcomes()
+    pytest_counts.pop("seconds", None)
+    assert pytest_counts == {"failed": 5, "passed": 5, "errors": 1}, result.stdout.str()
+    # the test whose case passed failed on its own assertion: pytest says so; the gate's list of
+    # failures (and GitHub's annotations) does not blame the case ("passed in phase done" before)
+    gate_failures = result.stdout.str().split("gradgate failures")[1].split("short test summary")[0]
+    assert "test_own_assertion_fails_after_a_pass" not in gate_failures, gate_failures
+    assert "test_check_through_two_consumers: MAA" in gate_failures, gate_failures
+    report = parse(pytester.path / "report.html")
+
+    # the summary's counts are pytest's for the gradgate items (all but test_plain), the case
+    # statuses a breakdown of them
+    assert counts_of(report.counts) == dict(pytest_counts, passed=pytest_counts["passed"] - 1), report.counts
+    assert report.counts.startswith("5 failed (1 crashed), 4 passed ("), report.counts
+    head = (pytester.path / "step_summary.md").read_text().splitlines()[0]
+    assert head == f"## gradgate: FAILED ({report.counts})", head
+    junit = ElementTree.parse(pytester.path / "junit.xml").getroot().find("testsuite")
+    assert (int(junit.get("tests")), int(junit.get("failures")), int(junit.get("errors"))) == (11, 5, 1)
+
+    # one row per test item, each with pytest's outcome, the items without a Result included
+    outcomes = {r["attrs"]["data-nodeid"]: r["attrs"]["data-outcome"] for r in report.rows}
+    assert len(outcomes) == len(report.rows) == 10
+    assert outcomes["test_fixture_checks.py::test_invalid_check"] == "failed"
+    assert [o for n, o in outcomes.items() if "invalid" in n and n.startswith("gradgate_cases")] == ["error"]
+    assert outcomes["test_fixture_checks.py::test_own_assertion_fails_after_a_pass"] == "failed"
+    # ... the same outcomes as the JSON report's, for every case it has
+    doc = json.loads((pytester.path / "report.json").read_text())
+    assert {c["nodeid"]: c["outcome"] for c in doc["cases"]}.items() <= outcomes.items()
+
+    # the run() result: shown as what the test got back, not as a failed test
+    returned = next(r for r in report.rows if r["attrs"]["data-nodeid"].endswith("test_run_returns_a_failed_result"))
+    assert returned["class"] == "returned" and returned["attrs"]["data-outcome"] == "passed"
+    assert "gradgate.run()" in returned["status_text"] and "test passed" in returned["status_text"]
+    failed_sections = [s["id"] for s in report.sections if s["class"] != "case returned"]
+    assert len(failed_sections) == 3        # silu through transpose, the sqrt crash, the two-consumer check
+    assert [s["class"] for s in report.sections].count("case returned") == 1
+    assert any(g.startswith("Results returned by gradgate.run()") for g in report.groups), report.groups
 
 
 @pytest.mark.slow

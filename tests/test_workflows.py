@@ -282,3 +282,113 @@ def test_ci_runs_the_suite_on_the_oldest_and_the_newest_pytest():
         out = subprocess.run(["bash", "-e", "-c", block], capture_output=True, text=True,
                              env={"PATH": "/usr/bin:/bin", "PYTEST_REQUIREMENT": " ".join(requirement)}).stdout
         assert out.split() == ["-q", "--disable-pip-version-check", "--upgrade", *requirement], (cell, out)
+
+
+# -- the job conditions, evaluated as GitHub does ---------------------------------------------
+_TOKEN = re.compile(r"\s*(?:(inputs\.[\w-]+)|'((?:[^']|'')*)'|(true|false)\b|(==|!=|&&|\|\||!|\(|\)))")
+
+
+def github_condition(expression, inputs):
+    """Evaluate a job's `if:` the way GitHub's expression syntax does, for the subset the
+    reusable workflow uses: inputs.*, string and boolean literals, == != && || ! and parentheses.
+    `==` between strings ignores case; between a string and a boolean both become numbers
+    ('true' is NaN, so it equals nothing); `a || b` is a if a is truthy, else b; '' is falsy and
+    'false' (a non-empty string) is truthy, which is why string inputs must be compared."""
+    tokens, pos = [], 0
+    while pos < len(expression.rstrip()):
+        m = _TOKEN.match(expression, pos)
+        assert m, f"cannot read {expression[pos:]!r}"
+        name, string, boolean, op = m.groups()
+        tokens.append(("value", inputs[name[len("inputs."):]]) if name else ("value", string.replace("''", "'"))
+                      if string is not None else ("value", boolean == "true") if boolean else ("op", op))
+        pos = m.end()
+
+    def number(v):
+        if isinstance(v, bool):
+            return float(v)
+        try:
+            return float(v) if str(v).strip() else 0.0
+        except ValueError:
+            return float("nan")
+
+    def equal(a, b):
+        if isinstance(a, str) and isinstance(b, str):
+            return a.casefold() == b.casefold()
+        if isinstance(a, bool) and isinstance(b, bool):
+            return a == b
+        return number(a) == number(b)
+
+    def parse(i, level):
+        # level 0: ||, 1: &&, 2: == !=, 3: ! and atoms
+        if level == 3:
+            kind, v = tokens[i]
+            if (kind, v) == ("op", "!"):
+                value, i = parse(i + 1, 3)
+                return not value, i
+            if (kind, v) == ("op", "("):
+                value, i = parse(i + 1, 0)
+                assert tokens[i] == ("op", ")")
+                return value, i + 1
+            assert kind == "value", tokens[i]
+            return v, i + 1
+        value, i = parse(i, level + 1)
+        ops = {0: ("||",), 1: ("&&",), 2: ("==", "!=")}[level]
+        while i < len(tokens) and tokens[i][0] == "op" and tokens[i][1] in ops:
+            op = tokens[i][1]
+            right, i = parse(i + 1, level + 1)
+            value = (value or right if op == "||" else value and right if op == "&&"
+                     else equal(value, right) if op == "==" else not equal(value, right))
+        return value, i
+
+    value, end = parse(0, 0)
+    assert end == len(tokens), expression
+    return bool(value)
+
+
+def _caller_inputs(given):
+    """The inputs context a caller's `with:` gives the called workflow: the defaults, overridden
+    by the caller's values converted to the declared type (a YAML boolean given to a string
+    input arrives as 'true' or 'false')."""
+    declared = load("gradgate.yml")["on"]["workflow_call"]["inputs"]
+    values = {k: v.get("default", {"boolean": False, "number": 0}.get(v["type"], "")) for k, v in declared.items()}
+    for name, value in given.items():
+        if declared[name]["type"] == "string" and isinstance(value, bool):
+            value = "true" if value else "false"
+        values[name] = value
+    return values
+
+
+def test_the_expression_evaluator_reads_github_semantics():
+    """The evaluator itself: a non-empty string is truthy, even 'false'; strings compare without case."""
+    assert github_condition("inputs.x", {"x": "false"}) is True
+    assert github_condition("inputs.x", {"x": ""}) is False
+    assert github_condition("inputs.x == 'TRUE'", {"x": "true"}) is True
+    assert github_condition("inputs.x == 'true'", {"x": True}) is False     # 'true' as a number is NaN
+    assert github_condition("!inputs.g && (inputs.x == '' || inputs.x != 'a')", {"g": False, "x": "b"}) is True
+
+
+@pytest.mark.parametrize("given, builds_cuda", [
+    ({}, False),                                      # a CPU-only fork: no CUDA compile unless asked
+    ({"gpu": False}, False),
+    ({"gpu": True}, True),                            # a GPU run: its CUDA build is compiled first
+    ({"gpu": False, "cuda-build": True}, True),       # asked for, without a GPU runner
+    ({"gpu": True, "cuda-build": False}, False),      # switched off, though the GPU job runs
+    ({"cuda-build": "true"}, True),
+])
+def test_cuda_build_follows_gpu_unless_given(given, builds_cuda):
+    """Before: `cuda-build` was a boolean defaulting to true, so `gpu: false` (the default)
+    still compiled CUDA in a container on every pull request: the first two rows failed."""
+    job = load("gradgate.yml")["jobs"]["cuda-build"]
+    assert github_condition(job["if"], _caller_inputs(given)) is builds_cuda
+
+
+@pytest.mark.parametrize("value, code", [("", 0), ("true", 0), ("false", 0), ("yes", 1), ("gpu", 1)])
+def test_a_cuda_build_value_other_than_true_false_or_empty_fails_the_run(value, code):
+    """A string input takes anything; a typo must not quietly mean "same as gpu"."""
+    step = next(s for s in load("gradgate.yml")["jobs"]["cpu"]["steps"] if s.get("name") == "check the inputs")
+    env = {"PATH": "/usr/bin:/bin", **{k: re.sub(r"\$\{\{\s*inputs\.cuda-build\s*\}\}", value, v)
+                                         for k, v in step["env"].items()}}
+    proc = subprocess.run(["bash", "-e", "-c", step["run"]], env=env, capture_output=True, text=True)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    if code:
+        assert f"::error title=gradgate::input cuda-build is '{value}'" in proc.stdout

@@ -37,7 +37,7 @@ def run_case(case, lib, phase=lambda name: None):
         for label, graph in formulations(case).items():
             sets.append(compute_formulation(case, lib, label, graph, phase))
     except _Stop as stop:
-        return result.finish(stop.status, stop.phase, message=stop.message, started=started)
+        return stop.finish(result, started)
     phase(Phase.COMPARE)
     write_sets(case.gradients_out, sets)
     result.n_compared = sum(int(v.size) for s in sets for v in s.grads.values())

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from pytest_gradgate.library import binding
-from pytest_gradgate.check import alone, directional, lanes, metrics, power, reliability, selfcheck
+from pytest_gradgate.check import alone, determinism, directional, lanes, memory, metrics, power, reliability, selfcheck
 from pytest_gradgate.ops.consumers import CONSUMERS, check_consumer
 from pytest_gradgate.ops.producers import laid_out_params
 from pytest_gradgate.declare.expr import main_op, ops_used, parse_graph
@@ -177,11 +177,22 @@ def run_case(case, lib, phase=lambda name: None):
         if status != 0:
             return result.finish(Status.ERROR, Phase.COMPUTE, message=f"backward compute failed (ggml_status {status})",
                                  started=started)
+        # before any value is read: did a kernel write outside its tensor, or leave elements unwritten?
+        checks_started = time.perf_counter()
+        wrong_memory = (memory.guard_breach(g, session, gb, "forward and backward compute")
+                        or memory.unwritten(g, session, gb))
+        timings["memory-checks"] = time.perf_counter() - checks_started
+        if wrong_memory is not None:
+            return _memory_failure(result, case, wrong_memory, Phase.COMPUTE, started)
         loss_value = float(lib.gg_read_scalar(loss))
-        analytic = {}
-        for name, t in params.items():
-            n = int(np.prod(shapes[name]))
-            analytic[name] = read_tensor(g, grads[name]) if grads[name] != g.ffi.NULL else np.zeros(n)
+
+        def gradients():
+            return {name: read_tensor(g, grads[name]) if grads[name] != g.ffi.NULL else np.zeros(int(np.prod(shapes[name])))
+                    for name in params}
+        analytic = gradients()
+        checks_started = time.perf_counter()
+        varies = _determinism(lib, session, gb, case, analytic, gradients)
+        timings["determinism"] = time.perf_counter() - checks_started
         if not math.isfinite(loss_value):
             # every finite difference of a loss that is already NaN/Inf at the inputs is NaN/Inf
             # as well (the other elements stay where they are): they could tell nothing about
@@ -210,6 +221,15 @@ def run_case(case, lib, phase=lambda name: None):
             if "lane_seconds" in checks[name]:
                 timings["numeric-lane-cpu-seconds"] = timings.get("numeric-lane-cpu-seconds", 0.0) + checks[name]["lane_seconds"]
 
+        # the finite differences' forwards, each on fresh values: a write outside a tensor persists
+        checks_started = time.perf_counter()
+        breach = memory.guard_breach(g, session, gf, "finite differences' forward computes") or next(
+            (b for b in (memory.guard_breach(lane.g, lane.session, lane.gf, "finite differences' forward computes "
+                                             "(a lane's copy of the graph)") for lane in extra_lanes) if b), None)
+        timings["memory-checks"] += time.perf_counter() - checks_started
+        if breach is not None:
+            return _memory_failure(result, case, breach, Phase.NUMERIC, started)
+
         enter(Phase.COMPARE)
         # fast mode compares along the directions: each prediction is projected as soon as it
         # is read, so no scramble's full-size gradients are kept (4 scrambles x every param)
@@ -217,6 +237,8 @@ def run_case(case, lib, phase=lambda name: None):
         predictions = probe.predictions(session, project)
         _compare(result, case, checks, predictions, shapes, laid_out)
         result.loss_value = loss_value
+        if varies is not None:
+            _nondeterministic(result, case, varies, checks)
         return result.finish(result.status, Phase.DONE, started=started)
     finally:
         enter(None)
@@ -225,6 +247,49 @@ def run_case(case, lib, phase=lambda name: None):
         if session is not None and session != g.ffi.NULL:
             lib.gg_session_free(session)
         g.free()
+
+
+def _memory_failure(result, case, finding, phase, started):
+    """A verified fault of a kernel's memory use: the case fails whatever its gradients say (they
+    were computed with that fault, and another run may show it elsewhere)."""
+    result.kind, result.culprit = finding.kind, finding.culprit
+    result.diagnosis = finding.text
+    result.message = f"{case.id}: {finding.summary}"
+    return result.finish(Status.FAILED, phase, started=started)
+
+
+def _determinism(lib, session, gb, case, analytic, gradients):
+    """The backward once more on another thread count (on a backend without threads: the same):
+    None when the gradients agree within roundoff, else (differences, other count, whether a
+    third run on the case's own count agrees with the first). The last compute is on the case's
+    count, so what later reads from the graph is the case's run."""
+    other = determinism.other_threads(case.threads) if case.backend == "cpu" else case.threads
+    lib.gg_session_set_n_threads(session, other)
+    lib.ggml_graph_reset(gb)
+    status = lib.gg_session_compute(session, gb)
+    lib.gg_session_set_n_threads(session, case.threads)
+    _check_status(status)
+    diff = determinism.differences(analytic, gradients())
+    if not diff:
+        return None
+    lib.ggml_graph_reset(gb)
+    _check_status(lib.gg_session_compute(session, gb))
+    repeat_agrees = not determinism.differences(analytic, gradients())
+    return diff, other, repeat_agrees
+
+
+def _nondeterministic(result, case, varies, checks):
+    """A backward whose gradients depend on the run fails as nondeterministic, whatever the
+    finite differences said of one run: the next run may say otherwise."""
+    diff, other, repeat_agrees = varies
+    shapes = {m["name"]: m["shape"] for m in result.params}
+    text = determinism.describe(diff, case.threads, other, repeat_agrees, shapes, case.backend)
+    if result.status == Status.PASSED:
+        text += f"; this run's gradient on {case.threads} threads passed the finite differences"
+    elif result.diagnosis:
+        text += f"; against the finite differences this run {result.status}: {result.diagnosis}"
+    result.status, result.kind, result.diagnosis = Status.FAILED, Diagnosis.NONDETERMINISTIC, text
+    result.message = f"{case.id}: the backward's gradients differ between runs ({', '.join(diff)})"
 
 
 def _nonfinite_loss(result, case, loss_value, analytic, started):

@@ -24,7 +24,7 @@ from itertools import combinations
 
 import numpy as np
 
-from pytest_gradgate.check import gradsets, roundoff
+from pytest_gradgate.check import gradsets, memory, roundoff
 from pytest_gradgate.check.ggml_graph import GraphBuilder, build_leaves, graph_tensors, read_tensor, write_tensor
 from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
 from pytest_gradgate.check.result import Result
@@ -39,9 +39,15 @@ from pytest_gradgate.ops.table import ne4
 class _Stop(Exception):
     """A formulation that could not be computed: the Result says why."""
 
-    def __init__(self, status, phase, message):
+    def __init__(self, status, phase, message, kind=None, diagnosis="", culprit=""):
         super().__init__(message)
         self.status, self.phase, self.message = status, phase, message
+        self.kind, self.diagnosis, self.culprit = kind, diagnosis, culprit
+
+    def finish(self, result, started):
+        if self.kind is not None:
+            result.kind, result.diagnosis, result.culprit = self.kind, self.diagnosis, self.culprit
+        return result.finish(self.status, self.phase, message=self.message, started=started)
 
 
 def compute_formulation(case, lib, label, graph, phase):
@@ -78,6 +84,11 @@ def compute_formulation(case, lib, label, graph, phase):
         if status != 0:
             raise _Stop(Status.ERROR, Phase.COMPUTE, f"formulation '{label}': backward compute failed "
                         f"(ggml_status {status})")
+        wrong_memory = (memory.guard_breach(g, session, gb, f"formulation '{label}''s forward and backward compute")
+                        or memory.unwritten(g, session, gb))
+        if wrong_memory is not None:
+            raise _Stop(Status.FAILED, Phase.COMPUTE, f"{case.id}: formulation '{label}': {wrong_memory.summary}",
+                        wrong_memory.kind, f"formulation '{label}': {wrong_memory.text}", wrong_memory.culprit)
         out_ne, _ = g.layout(y)
         # the leaves' shapes: through a producer (a parity side's case) a leaf is laid out otherwise
         shapes = {name: ne4(shapes[name]) for name in params}
@@ -101,7 +112,7 @@ def run_case(case, lib, phase=lambda name: None):
         for label, graph in case.equivalent.items():
             sets.append(compute_formulation(case, lib, label, graph, phase))
     except _Stop as stop:
-        return result.finish(stop.status, stop.phase, message=stop.message, started=started)
+        return stop.finish(result, started)
     phase(Phase.COMPARE)
     judge(result, case, [gradsets.compare_sets(a, b) for a, b in combinations(sets, 2)])
     return result.finish(result.status, Phase.DONE, started=started)

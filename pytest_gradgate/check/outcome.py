@@ -62,6 +62,10 @@ class Diagnosis(_Word):
     WRONG_SIGN = "wrong-sign"
     DROPPED = "dropped"                   # analytic zero where the numeric one is not
     CONCENTRATED = "concentrated"         # a few elements hold the error, the others agree (named)
+    # the memory checks (check/memory.py, check/determinism.py): facts of the run, not of the values
+    OUT_OF_BOUNDS_WRITE = "out-of-bounds-write"   # a guard zone beside a tensor changed
+    UNWRITTEN = "unwritten-elements"      # a kernel left elements of its output unwritten
+    NONDETERMINISTIC = "nondeterministic"  # two runs (thread counts) of the backward disagree
     DISAGREE = "disagree"                 # none of the above
     FORWARD_DIFFERS = "forward-differs"   # equivalence: the formulations' outputs differ; no gradient claim
     NONFINITE_BACKWARD = "nonfinite-backward"

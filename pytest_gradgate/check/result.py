@@ -27,6 +27,9 @@ class Result:
     # scramble of the op's incoming gradient -> param -> the MAA a backward reading it would show
     power_scrambles: dict = field(default_factory=dict)
     kind: Diagnosis = Diagnosis.NONE    # what kind of wrong; `diagnosis` says it in words
+    # the ggml op a memory check verified at fault (the node that wrote past a tensor or left
+    # elements unwritten, check/memory.py): explore keys such a finding by it, not by the case's op
+    culprit: str = ""
     diagnosis: str = ""
     message: str = ""
     params: list = field(default_factory=list)

@@ -27,6 +27,10 @@ draw shows it (and so that a baseline entry recorded from one draw matches the n
   finding however many shapes reach it; for a wrong gradient, the layout it arrived through
   (`contiguous`, or `laid-out` through a consumer or producer other than none), since a
   backward wrong on every layout and one wrong only on a transposed gradient are two bugs.
+- a memory fault (out-of-bounds-write, unwritten-elements) is keyed by the ggml op the run
+  verified at fault (the node a replay found writing, or the first node whose output holds
+  unwritten elements), whatever op the case's graph ends in, and site `memory`: rope's odd
+  head_dim is one finding through rope_ext, rope_multi or a chain around either.
 Each key is reported once, with the smallest case seen for it.
 """
 
@@ -78,6 +82,17 @@ def class_family(kind):
                                str(Diagnosis.CONCENTRATED)) else kind
 
 
+MEMORY = "memory"       # a memory fault's site: the run named the node, not a layout
+MEMORY_FAULTS = frozenset({Diagnosis.OUT_OF_BOUNDS_WRITE, Diagnosis.UNWRITTEN})
+
+
+def culprit_family(ggml_op):
+    """A memory fault's op in the key: the ggml op the run named (ROPE -> rope, ROPE_BACK -> rope,
+    SILU_BACK -> silu), so the forward's and the backward's kernel of one op are one family."""
+    name = ggml_op.lower()
+    return name[:-len("_back")] if name.endswith("_back") else name
+
+
 def layout_site(consumer, producer):
     return CONTIGUOUS if (consumer or "none") == "none" and (producer or "none") == "none" else LAID_OUT
 
@@ -97,6 +112,8 @@ def classify(result, ops=()):
             # an infinite gradient at a singular point of sqrt, log or div (0 reached as another
             # op's output, where no init range keeps the input away): right, not a finding
             return DISCARD, "nonfinite-at-singular-point"
+        if result.kind in MEMORY_FAULTS and result.culprit:
+            return FINDING, (culprit_family(result.culprit), str(result.kind), MEMORY)
         return FINDING, (op_family(result.op), class_family(result.kind), layout_site(result.consumer,
                                                                                         result.producer))
     if status == Status.CRASHED:

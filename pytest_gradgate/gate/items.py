@@ -176,6 +176,7 @@ class InvalidCaseItem(pytest.Item):
     def __init__(self, *, error, **kwargs):
         super().__init__(**kwargs)
         self.error = error
+        self.add_marker("gradgate")      # a gradgate item: -m gradgate, and the reports' counts
 
     @property
     def gradgate_invalid_error(self):
@@ -205,6 +206,7 @@ class NotBuiltItem(pytest.Item):
     def __init__(self, *, entry, backends, **kwargs):
         super().__init__(**kwargs)
         self.entry, self.backends = entry, backends
+        self.add_marker("gradgate")
 
     def runtest(self):
         # (reported at the case's file:line: plugin.pytest_runtest_makereport)

@@ -46,6 +46,9 @@ class GateState:
         self._ahead = None              # gate/ahead.py: the coming items' cases, run in the background
         self._extra_runners = []        # the Ahead's runners beyond the first (self._runner)
         self.results = []
+        # pytest's outcome of each report of a gradgate item (plugin.py ResultCollector): what
+        # the HTML report counts, so that its counts are pytest's own
+        self.gate_reports = []
         self.invalid_cases = []         # declarations that could not be loaded: path, line, message
         self.start_failures_in_a_row = 0
         self.baseline = None            # known failures (baseline.Baseline), see load_baseline

@@ -1,9 +1,13 @@
 """The HTML report: one self-contained file a reviewer can open from a CI artifact.
 
-A summary table of every case (failures first, sortable by a tiny inline script), then one
+Its counts are pytest's own outcomes of the gradgate items (YAML cases and tests that use the
+fixture), with the cases' statuses as a breakdown ("5 failed (1 crashed)"; report/counts.py).
+Then a summary table of every item (failures first, sortable by a tiny inline script), then one
 section per case that did not pass: for each failed parameter, heatmaps of the analytic
 gradient, the numeric gradient and their difference, one 2-D slice (ne0 x ne1) per (i2, i3),
-plus the worst elements; for a crash, ggml's message and the tail of its stderr.
+plus the worst elements; for a crash, ggml's message and the tail of its stderr. A result that
+the fixture's run() returned is what its test got back, not a failure: its section comes
+under a heading of its own.
 
 Why pictures: a gradient read from the wrong places has the right values in the wrong cells,
 which a list of numbers hides and a heatmap shows at once (the CONCAT story in DESIGN.md).
@@ -24,15 +28,17 @@ from pathlib import Path
 
 import numpy as np
 
+from pytest_gradgate.report.counts import count_text, item_outcomes, returned_to_test, tests_of
 from pytest_gradgate.report.text import format_number as _num
 
 EXTRA_HINT = "pip install 'pytest-gradgate[report]'"
 MISSING_MATPLOTLIB = ("--gradgate-html needs matplotlib, which is not installed; install the report extra: "
                       + EXTRA_HINT + " (or pip install matplotlib)")
 
-# failures first; the order in which groups appear in the table and the sections
-STATUS_ORDER = ("failed", "crashed", "timeout", "error", "consumer-failed", "producer-failed", "numeric-unreliable", "inconclusive",
-                "skipped", "passed")
+# failures first; the order in which groups appear in the table and the sections (xpassed and
+# xfailed: the outcome of an item without a case result, e.g. a fixture test marked xfail)
+STATUS_ORDER = ("failed", "crashed", "timeout", "error", "consumer-failed", "producer-failed", "xpassed",
+                "numeric-unreliable", "inconclusive", "xfailed", "skipped", "passed")
 NOT_PASSED = ("failed", "crashed", "timeout", "error", "consumer-failed", "producer-failed")
 MAX_SLICES = 8          # per parameter: beyond this, the slices with the largest error are shown
 MAX_ANNOTATED = 96      # cells per slice up to which each cell's value is printed in it
@@ -56,6 +62,8 @@ def _e(value):
 
 
 def _rank(result):
+    if returned_to_test(result):       # not a failure of its test: among the passes, ahead of them
+        return STATUS_ORDER.index("passed") - 0.5
     status = result.get("status", "error")
     return STATUS_ORDER.index(status) if status in STATUS_ORDER else 0
 
@@ -263,7 +271,7 @@ def _param_section(param, draw=True):
 def _case_section(index, r, draw=True):
     status = r.get("status", "error")
     origin = r.get("origin") or {}
-    out = [f'<section class="case {_e(status)}" id="{_anchor(index)}">',
+    out = [f'<section class="case {"returned" if returned_to_test(r) else _e(status)}" id="{_anchor(index)}">',
            f'<h3><span class="badge {_e(status)}">{_e(status)}</span> {_e(r.get("case_id"))}</h3>',
            f'<p>op {_e(r.get("op") or "?")}, producer {_e(r.get("producer") or "none")}, '
            f'consumer {_e(r.get("consumer"))}, loss {_e(r.get("loss"))}, '
@@ -293,11 +301,17 @@ def _summary_table(ordered):
            + "</tr></thead><tbody>"]
     for index, r in ordered:
         status = r.get("status", "error")
-        shown = status
-        if r.get("outcome") and r["outcome"] not in ("passed", "failed") and r["outcome"] != status:
-            shown = f"{status} ({r['outcome']})"       # e.g. failed but xfailed by the baseline
+        outcome = r.get("outcome") or status
+        shown, row_class = status, status
+        if returned_to_test(r):
+            shown, row_class = f"{status} (gradgate.run(); test {outcome})", "returned"
+        elif outcome in ("passed", "failed"):
+            if (outcome == "passed") != (status == "passed"):
+                shown = f"{status} (test {outcome})"   # e.g. a case that passed, then the test's own assert
+        elif outcome != status:
+            shown = f"{status} ({outcome})"            # e.g. failed but xfailed by the baseline
         name = _e(r.get("case_id"))
-        if status in NOT_PASSED:
+        if status in NOT_PASSED and not r.get("no_result"):
             name = f'<a href="#{_anchor(index)}">{name}</a>'
         maa, cos = r.get("maa"), r.get("cosine")
         cells = [
@@ -305,13 +319,14 @@ def _summary_table(ordered):
             (_e(r.get("op")), _e(r.get("op"))),
             (_e(r.get("consumer")), _e(r.get("consumer"))),
             (_e(r.get("backend")), _e(r.get("backend"))),
-            (f'<span class="badge {_e(status)}">{_e(shown)}</span>', str(_rank(r))),
+            (f'<span class="badge {_e(row_class)}">{_e(shown)}</span>', str(_rank(r))),
             (_e(_num(maa)), repr(float(maa)) if maa is not None else "-1"),
             (_e(_num(cos, ".4f")), repr(float(cos)) if cos is not None else "-9"),
             (_e(r.get("diagnosis") or r.get("message") or ""), _e(r.get("diagnosis") or "")),
             (_e(r.get("phase")), _e(r.get("phase"))),
         ]
-        out.append(f'<tr class="{_e(status)}">'
+        out.append(f'<tr class="{_e(row_class)}" data-nodeid="{_e(r.get("nodeid") or r.get("case_id"))}" '
+                   f'data-outcome="{_e(outcome)}">'
                    + "".join(f'<td data-sort="{key}">{text}</td>' for text, key in cells) + "</tr>")
     out.append("</tbody></table>")
     return "\n".join(out)
@@ -326,6 +341,7 @@ th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: left; vertical-al
 .badge { padding: 0 5px; border-radius: 3px; color: #fff; font-size: 0.9em; white-space: nowrap; }
 .badge.passed { background: #2a7a2a; } .badge.skipped { background: #888; }
 .badge.failed { background: #c0392b; } .badge.crashed, .badge.timeout, .badge.error { background: #7b2d8b; }
+.badge.returned { background: #4a6a8a; }
 section.case { border-top: 2px solid #bbb; margin-top: 1.5em; }
 figure { margin: 0.4em 0; } figure img { max-width: 100%; border: 1px solid #ddd; }
 figcaption { font-family: monospace; font-size: 0.85em; }
@@ -352,36 +368,56 @@ document.querySelectorAll('#summary th').forEach(function (th) {
 """
 
 
-def render(results, meta=None):
+def render(results, meta=None, tests=None):
     """The report as one HTML string. results: Result dicts (Result.to_dict(), plus the
-    plugin's "outcome"); meta: optional {label: value} lines for the header."""
-    indexed = list(enumerate(results))
+    plugin's "outcome", "nodeid" and "returned_to_test"); meta: optional {label: value} lines for
+    the header; tests: pytest's outcome of each report of a gradgate item ({nodeid, outcome,
+    message}, the plugin's ResultCollector), which the counts are; without them, the Results'."""
+    tests = tests_of(results) if tests is None else tests
+    outcome_of = item_outcomes(tests)
+    # each row shows its item's outcome as pytest counted it (copies: the Results stay as given)
+    rows = [dict(r, outcome=outcome_of.get(r.get("nodeid") or r.get("case_id"), r.get("outcome"))) for r in results]
+    with_result = {r.get("nodeid") or r.get("case_id") for r in results}
+    messages = {}
+    for t in tests:
+        messages.setdefault(t["nodeid"], t.get("message") or "")
+    for nodeid, outcome in outcome_of.items():
+        if nodeid not in with_result:
+            # an item without a Result (an invalid case, a test that failed before its check): a
+            # row with pytest's outcome and reason, so that the table holds every item counted
+            rows.append({"case_id": nodeid, "nodeid": nodeid, "status": outcome, "outcome": outcome,
+                         "message": messages.get(nodeid, ""), "no_result": True})
+    indexed = list(enumerate(rows))
     ordered = sorted(indexed, key=lambda ir: (_rank(ir[1]), str(ir[1].get("case_id"))))
-    counts = {}
-    for r in results:
-        counts[r.get("status", "error")] = counts.get(r.get("status", "error"), 0) + 1
-    count_text = ", ".join(f"{counts[s]} {s}" for s in STATUS_ORDER if s in counts) or "no cases ran"
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              "<title>gradgate report</title>", f"<style>{_CSS}</style></head><body>",
              "<h1>gradgate: ggml backward-pass report</h1>",
-             f'<p class="counts">{_e(count_text)}</p>']
+             f'<p class="counts">{_e(count_text(tests, results))}</p>']
     lines = dict(meta or {})
     lines.setdefault("generated", time.strftime("%Y-%m-%d %H:%M:%S %Z"))
     parts.append('<p class="meta">' + "<br>".join(f"{_e(k)}: {_e(v)}" for k, v in lines.items()) + "</p>")
     parts.append(_summary_table(ordered))
-    failing = [(i, r) for i, r in ordered if r.get("status") in NOT_PASSED]
-    if failing:
-        parts.append(f"<h2>Cases that did not pass ({len(failing)})</h2>")
-        parts.extend(_case_section(i, r, draw=k < MAX_CASES_WITH_PICTURES) for k, (i, r) in enumerate(failing))
+    shown = [(i, r) for i, r in ordered if r.get("status") in NOT_PASSED and not r.get("no_result")]
+    failing = [(i, r) for i, r in shown if not returned_to_test(r)]
+    returned = [(i, r) for i, r in shown if returned_to_test(r)]
+    drawn = 0
+    for group, heading in ((failing, f"Cases that did not pass ({len(failing)})"),
+                           (returned, f"Results returned by gradgate.run() that did not pass ({len(returned)}): "
+                                      "their tests assert on them, so they are not failures of those tests")):
+        if group:
+            parts.append(f'<h2 class="group">{_e(heading)}</h2>')
+            for i, r in group:
+                parts.append(_case_section(i, r, draw=drawn < MAX_CASES_WITH_PICTURES))
+                drawn += 1
     parts.append(f"<script>{_JS}</script></body></html>")
     return "\n".join(parts)
 
 
-def write(path, results, meta=None):
+def write(path, results, meta=None, tests=None):
     """Render and write atomically (a half-written report is worse than none)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = render(results, meta)
+    text = render(results, meta, tests)
     fd, tmp = tempfile.mkstemp(prefix=".gradgate-", suffix=".html", dir=path.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_gradgate.report.counts import count_text, tests_of
 from pytest_gradgate.report.text import format_number as _fmt
 
 REPORT_SCHEMA_VERSION = 1
@@ -24,8 +25,11 @@ PARAM_FIELDS = ("name", "shape", "producer", "maa", "limit", "cosine", "norm_rat
 
 
 def failed_results(results):
-    """Results that made the gate fail: failures, crashes, timeouts and stale baseline entries."""
-    return [r for r in results if r.get("outcome") == "failed"]
+    """Results that made the gate fail: failures, crashes, timeouts and stale baseline entries.
+    A case that passed in a test that then failed on its own assertion is not one of them:
+    pytest reports that test's failure, and "passed in phase done" is no reason."""
+    return [r for r in results if r.get("outcome") == "failed"
+            and (r.get("status") != "passed" or r.get("baseline") == "stale")]
 
 
 def finite_json(value):
@@ -171,12 +175,12 @@ def _cell(text):
             .replace("|", "\\|").replace("`", "'"))
 
 
-def step_summary(results, source_label=None):
-    """A Markdown section for $GITHUB_STEP_SUMMARY."""
-    c = counts(results)
+def step_summary(results, source_label=None, tests=None):
+    """A Markdown section for $GITHUB_STEP_SUMMARY. tests: pytest's outcome of each report of a
+    gradgate item (report/counts.py), which its head line counts, as pytest's own line does."""
     failed = failed_results(results)
     known = [r for r in results if r.get("outcome") == "xfailed"]
-    head = ", ".join(f"{n} {k}" for k, n in sorted(c.items())) or "no cases"
+    head = count_text(tests_of(results) if tests is None else tests, results)
     out = [f"## gradgate: {'FAILED' if failed else 'passed'} ({head})", ""]
     if source_label:
         out += [f"ggml: {_cell(source_label)}", ""]
@@ -253,7 +257,8 @@ class GateOutputs:
                 self.write_errors.append(f"could not write the baseline (--gradgate-baseline): {exc}")
                 state.baseline = None
         if on_github_actions():
-            append_step_summary(step_summary(state.results, state.source.label if state.source else None))
+            append_step_summary(step_summary(state.results, state.source.label if state.source else None,
+                                             state.gate_reports))
         if self.write_errors and session.exitstatus == 0:
             # an output the run was asked for is missing: CI must not read that as a pass
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

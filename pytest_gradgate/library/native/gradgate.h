@@ -37,6 +37,25 @@ const char * gg_session_backend_name(struct gg_session * s);
 struct ggml_tensor * gg_session_first_unsupported(struct gg_session * s, struct ggml_context * ctx);
 int gg_session_alloc(struct gg_session * s, struct ggml_context * ctx);
 int gg_session_compute(struct gg_session * s, struct ggml_cgraph * g);
+
+/* Memory checks. gg_session_alloc lays out every tensor of the context that owns memory with a
+ * guard zone of its own before and after its data, each filled with a pattern of its tensor and
+ * side, and starts all data as 0xFFFFFFFF words (a NaN no kernel computes: "unwritten").
+ * gg_session_guard_check: the first changed zone (its tensor's index k, side -1 before the data
+ * or +1 after it, the nearest and farthest changed byte counted away from the data, and how many
+ * bytes changed); 0 when every zone holds its pattern. gg_session_guard_fill writes the patterns
+ * again. gg_session_guard_replay computes g one node at a time and returns the index of the first
+ * node after which a zone changed (-1: none; -2: a compute failed). gg_session_unwritten: the
+ * index of g's first node (compute order) that owns its memory and still holds unwritten words,
+ * with their count and the first one's logical index; -1 when there is none. */
+int gg_session_n_guarded(struct gg_session * s);
+struct ggml_tensor * gg_session_guarded_tensor(struct gg_session * s, int k);
+int gg_session_guard_check(struct gg_session * s, int * k, int * side, int64_t * first, int64_t * last, int64_t * n_changed);
+void gg_session_guard_fill(struct gg_session * s);
+int gg_session_guard_replay(struct gg_session * s, struct ggml_cgraph * g);
+int gg_session_unwritten(struct gg_session * s, struct ggml_cgraph * g, int64_t * n_unwritten, int64_t * first);
+struct ggml_tensor * gg_graph_node(struct ggml_cgraph * g, int i);
+const char * gg_tensor_name(const struct ggml_tensor * t);
 void gg_tensor_write(struct ggml_tensor * t, const void * data, size_t offset, size_t size);
 void gg_tensor_read(const struct ggml_tensor * t, void * data, size_t offset, size_t size);
 int gg_backend_count_gpu(void);

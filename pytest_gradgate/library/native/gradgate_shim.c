@@ -14,7 +14,7 @@
 
 #include "gradgate.h"
 
-#define GG_ABI_VERSION 3
+#define GG_ABI_VERSION 4
 
 int gg_abi_version(void) { return GG_ABI_VERSION; }
 
@@ -77,7 +77,22 @@ struct gg_session {
     struct ggml_cplan plan;
     uint8_t * work;
     size_t work_size;
+    // memory checks (gg_session_alloc): the tensors that own memory in the buffer, a guard zone
+    // before and after each one's data (tensors of guard_ctx, so any backend reads them)
+    struct ggml_context * guard_ctx;
+    int n_guarded;
+    struct ggml_tensor ** guarded;
+    struct ggml_tensor ** guard_before;
+    struct ggml_tensor ** guard_after;
+    size_t guard_bytes;
+    uint8_t * scratch;          // guard_bytes, or a node's data (gg_session_unwritten)
+    size_t scratch_size;
+    // one node at a time (gg_session_guard_replay)
+    struct ggml_context * one_ctx;
+    struct ggml_cgraph * one;
 };
+
+static void gg_guards_free(struct gg_session * s);
 
 int gg_backend_count_gpu(void) {
     int n = 0;
@@ -128,6 +143,10 @@ void gg_session_free(struct gg_session * s) {
     if (s->buffer) {
         ggml_backend_buffer_free(s->buffer);
     }
+    gg_guards_free(s);
+    if (s->one_ctx) {
+        ggml_free(s->one_ctx);
+    }
     ggml_backend_free(s->backend);
     free(s->work);
     free(s);
@@ -144,14 +163,235 @@ struct ggml_tensor * gg_session_first_unsupported(struct gg_session * s, struct 
     return NULL;
 }
 
+// ---- memory checks ------------------------------------------------------------------------
+// Every tensor that owns memory gets a guard zone of its own before and after its data, filled
+// with a pattern that depends on the tensor and the side, so a kernel that copies one tensor's
+// zone into another's (a pass-through loop one element too long reads past its source and
+// writes past its destination) still changes a zone. No pattern byte is 0xFF, so no guard word
+// reads as GG_UNWRITTEN.
+#define GG_GUARD_BYTES 256
+#define GG_UNWRITTEN_BYTE 0xFF      // every tensor's data starts as 0xFFFFFFFF words: a NaN no kernel makes
+
+static void gg_guards_free(struct gg_session * s) {
+    if (s->guard_ctx) {
+        ggml_free(s->guard_ctx);
+    }
+    free(s->guarded);
+    free(s->guard_before);
+    free(s->guard_after);
+    free(s->scratch);
+    s->guard_ctx = NULL;
+    s->guarded = s->guard_before = s->guard_after = NULL;
+    s->scratch = NULL;
+    s->scratch_size = 0;
+    s->n_guarded = 0;
+}
+
+static uint8_t gg_guard_byte(int k, int side, size_t j) {
+    uint32_t x = (uint32_t) k * 2654435761u ^ (uint32_t) (side + 2) * 0x9E3779B9u ^ (uint32_t) j * 0x85EBCA6Bu;
+    x ^= x >> 15;
+    x *= 0x2C1B3C6Du;
+    x ^= x >> 12;
+    const uint8_t b = (uint8_t) (x >> 8);
+    return b == 0xFF ? 0xA5 : b;
+}
+
+static void gg_guard_pattern(int k, int side, uint8_t * out, size_t n) {
+    for (size_t j = 0; j < n; j++) {
+        out[j] = gg_guard_byte(k, side, j);
+    }
+}
+
+static int gg_scratch(struct gg_session * s, size_t n) {
+    if (n > s->scratch_size) {
+        uint8_t * p = realloc(s->scratch, n);
+        if (!p) {
+            return 0;
+        }
+        s->scratch = p;
+        s->scratch_size = n;
+    }
+    return 1;
+}
+
+void gg_session_guard_fill(struct gg_session * s) {
+    if (!gg_scratch(s, s->guard_bytes)) {
+        return;
+    }
+    for (int k = 0; k < s->n_guarded; k++) {
+        gg_guard_pattern(k, -1, s->scratch, s->guard_bytes);
+        ggml_backend_tensor_set(s->guard_before[k], s->scratch, 0, s->guard_bytes);
+        gg_guard_pattern(k, +1, s->scratch, s->guard_bytes);
+        ggml_backend_tensor_set(s->guard_after[k], s->scratch, 0, s->guard_bytes);
+    }
+}
+
+static size_t gg_pad(size_t n, size_t align) { return (n + align - 1) / align * align; }
+
+static int gg_owns_memory(const struct ggml_tensor * t) { return t->data == NULL && t->view_src == NULL; }
+
 int gg_session_alloc(struct gg_session * s, struct ggml_context * ctx) {
     if (s->buffer) {
         ggml_backend_buffer_free(s->buffer);
+        s->buffer = NULL;
     }
+    gg_guards_free(s);
     s->planned = NULL;   // a plan is for a graph of the context allocated before
-    s->buffer = ggml_backend_alloc_ctx_tensors(ctx, s->backend);
-    return s->buffer != NULL;
+    ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(s->backend);
+    const size_t align = ggml_backend_buft_get_alignment(buft);
+    s->guard_bytes = gg_pad(GG_GUARD_BYTES, align);
+    int n = 0;
+    size_t size = 0;
+    for (struct ggml_tensor * t = ggml_get_first_tensor(ctx); t; t = ggml_get_next_tensor(ctx, t)) {
+        if (gg_owns_memory(t)) {
+            n++;
+            size += gg_pad(2 * s->guard_bytes + ggml_backend_buft_get_alloc_size(buft, t), align);
+        }
+    }
+    struct ggml_init_params params = {
+        /* .mem_size   = */ ggml_tensor_overhead() * (2 * (size_t) n + 1),
+        /* .mem_buffer = */ NULL,
+        /* .no_alloc   = */ true,
+    };
+    s->guard_ctx = ggml_init(params);
+    s->guarded = calloc(n + 1, sizeof(*s->guarded));
+    s->guard_before = calloc(n + 1, sizeof(*s->guard_before));
+    s->guard_after = calloc(n + 1, sizeof(*s->guard_after));
+    s->buffer = ggml_backend_buft_alloc_buffer(buft, size > 0 ? size : align);
+    if (!s->guard_ctx || !s->guarded || !s->guard_before || !s->guard_after || !s->buffer) {
+        return 0;
+    }
+    ggml_backend_buffer_clear(s->buffer, GG_UNWRITTEN_BYTE);
+    char * at = (char *) ggml_backend_buffer_get_base(s->buffer);
+    for (struct ggml_tensor * t = ggml_get_first_tensor(ctx); t; t = ggml_get_next_tensor(ctx, t)) {
+        if (!gg_owns_memory(t)) {
+            continue;
+        }
+        const int k = s->n_guarded++;
+        s->guarded[k] = t;
+        s->guard_before[k] = ggml_new_tensor_1d(s->guard_ctx, GGML_TYPE_I8, (int64_t) s->guard_bytes);
+        s->guard_after[k] = ggml_new_tensor_1d(s->guard_ctx, GGML_TYPE_I8, (int64_t) s->guard_bytes);
+        // the zone after starts at the data's last byte + 1, not at the next aligned address:
+        // a write one element past the end must land in it, not in padding
+        const size_t data_size = ggml_backend_buft_get_alloc_size(buft, t);
+        ggml_backend_tensor_alloc(s->buffer, s->guard_before[k], at);
+        ggml_backend_tensor_alloc(s->buffer, t, at + s->guard_bytes);
+        ggml_backend_tensor_alloc(s->buffer, s->guard_after[k], at + s->guard_bytes + data_size);
+        at += gg_pad(2 * s->guard_bytes + data_size, align);
+    }
+    for (struct ggml_tensor * t = ggml_get_first_tensor(ctx); t; t = ggml_get_next_tensor(ctx, t)) {
+        if (t->data == NULL && t->view_src != NULL) {
+            ggml_backend_view_init(t);
+        }
+    }
+    gg_session_guard_fill(s);
+    return 1;
 }
+
+int gg_session_n_guarded(struct gg_session * s) { return s->n_guarded; }
+
+struct ggml_tensor * gg_session_guarded_tensor(struct gg_session * s, int k) {
+    return k >= 0 && k < s->n_guarded ? s->guarded[k] : NULL;
+}
+
+int gg_session_guard_check(struct gg_session * s, int * k_out, int * side_out, int64_t * first, int64_t * last,
+                           int64_t * n_changed) {
+    if (!gg_scratch(s, 2 * s->guard_bytes)) {
+        return 0;
+    }
+    uint8_t * got = s->scratch;
+    uint8_t * want = s->scratch + s->guard_bytes;
+    for (int k = 0; k < s->n_guarded; k++) {
+        for (int side = -1; side <= 1; side += 2) {
+            ggml_backend_tensor_get(side < 0 ? s->guard_before[k] : s->guard_after[k], got, 0, s->guard_bytes);
+            gg_guard_pattern(k, side, want, s->guard_bytes);
+            if (memcmp(got, want, s->guard_bytes) == 0) {
+                continue;
+            }
+            // bytes counted away from the data: 0 is the byte next to it on that side
+            int64_t lo = -1, hi = -1, count = 0;
+            for (size_t j = 0; j < s->guard_bytes; j++) {
+                if (got[j] != want[j]) {
+                    const int64_t d = side > 0 ? (int64_t) j : (int64_t) (s->guard_bytes - 1 - j);
+                    if (lo < 0 || d < lo) lo = d;
+                    if (d > hi) hi = d;
+                    count++;
+                }
+            }
+            *k_out = k;
+            *side_out = side;
+            *first = lo;
+            *last = hi;
+            *n_changed = count;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int gg_session_guard_replay(struct gg_session * s, struct ggml_cgraph * g) {
+    if (!s->one_ctx) {
+        struct ggml_init_params params = { ggml_graph_overhead_custom(1, false), NULL, true };
+        s->one_ctx = ggml_init(params);
+        if (!s->one_ctx) {
+            return -2;
+        }
+        s->one = ggml_new_graph_custom(s->one_ctx, 1, false);
+    }
+    int k, side;
+    int64_t first, last, n_changed;
+    for (int i = 0; i < ggml_graph_n_nodes(g); i++) {
+        ggml_graph_clear(s->one);
+        ggml_graph_add_node(s->one, ggml_graph_node(g, i));
+        if (ggml_backend_graph_compute(s->backend, s->one) != GGML_STATUS_SUCCESS) {
+            return -2;
+        }
+        if (gg_session_guard_check(s, &k, &side, &first, &last, &n_changed)) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static int gg_is_guarded(struct gg_session * s, const struct ggml_tensor * t) {
+    for (int k = 0; k < s->n_guarded; k++) {
+        if (s->guarded[k] == t) return 1;
+    }
+    return 0;
+}
+
+int gg_session_unwritten(struct gg_session * s, struct ggml_cgraph * g, int64_t * n_unwritten, int64_t * first) {
+    for (int i = 0; i < ggml_graph_n_nodes(g); i++) {
+        struct ggml_tensor * t = ggml_graph_node(g, i);
+        // a node that owns its memory; a view's elements are its owner's, checked as the owner
+        if (t->view_src != NULL || t->type != GGML_TYPE_F32 || t->op == GGML_OP_NONE || !gg_is_guarded(s, t)) {
+            continue;
+        }
+        const size_t nbytes = ggml_nbytes(t);
+        if (!gg_scratch(s, nbytes)) {
+            return -1;
+        }
+        ggml_backend_tensor_get(t, s->scratch, 0, nbytes);
+        const uint32_t * w = (const uint32_t *) s->scratch;
+        int64_t count = 0, at = -1;
+        for (size_t j = 0; j < nbytes / 4; j++) {
+            if (w[j] == 0xFFFFFFFFu) {
+                if (at < 0) at = (int64_t) j;
+                count++;
+            }
+        }
+        if (count) {
+            *n_unwritten = count;
+            *first = at;
+            return i;
+        }
+    }
+    return -1;
+}
+
+struct ggml_tensor * gg_graph_node(struct ggml_cgraph * g, int i) { return ggml_graph_node(g, i); }
+
+const char * gg_tensor_name(const struct ggml_tensor * t) { return ggml_get_name(t); }
 
 int gg_session_compute(struct gg_session * s, struct ggml_cgraph * g) {
     return (int) ggml_backend_graph_compute(s->backend, g);
