@@ -57,6 +57,7 @@ def pytest_configure(config):
         raise pytest.UsageError(
             f"--gradgate-backend {state.settings['backend']}: no NVIDIA GPU is visible on this machine "
             "(no /dev/nvidia0 and nvidia-smi not found); use --gradgate-backend cpu, or run on a GPU machine")
+    _check_sanitize(state)
     extra = []
     for p in state.settings["cases"] or ():
         if not Path(p).is_file():
@@ -78,6 +79,21 @@ def pytest_configure(config):
     state.case_files = {str(Path(a.split("::", 1)[0]).resolve()) for a in config.args} | set(extra)
     if _runs_cases_here(config) and not config.option.collectonly and state.settings["isolate"] != "none":
         state.start_early()     # the first worker starts while pytest collects
+
+
+def _check_sanitize(state):
+    """--gradgate-sanitize with settings it cannot run under: a usage error now, not a dead run."""
+    sanitize = state.settings["sanitize"]
+    if not sanitize:
+        return
+    if state.settings["isolate"] == "none":
+        # Python is not instrumented: the runtime must be preloaded, in a worker (library/sanitizer.py)
+        raise pytest.UsageError(f"--gradgate-sanitize {sanitize} needs the cases in worker processes, which start "
+                                "with the sanitizer's runtime preloaded: this process cannot load the build "
+                                "(--gradgate-isolate none); use --gradgate-isolate case, fresh or worker")
+    if "cuda" in state.backends:
+        raise pytest.UsageError(f"--gradgate-sanitize {sanitize} builds and checks the CPU backend only (CUDA's "
+                                f"runtime and ASan's shadow memory do not mix); use --gradgate-backend cpu")
 
 
 def _runs_cases_here(config):
@@ -137,8 +153,10 @@ def pytest_report_header(config):
     state = state_of(config)
     if not state.enabled:
         return None
+    sanitize = state.settings["sanitize"]
     lines = [f"gradgate: ggml from {state.source.label}; {state.settings['build_type']} build for "
-             f"{', '.join(state.backends)}, made or found when the first case runs",
+             f"{', '.join(state.backends)}" + (f" with -fsanitize={sanitize} (--gradgate-sanitize)" if sanitize else "")
+             + ", made or found when the first case runs",
              f"gradgate: isolate={state.settings['isolate']}" + _no_fork_note(state) + _jobs_note(state)]
     if state.reference is not None:
         lines.append(f"gradgate: parity against the reference ggml from {state.reference.source.label} "
@@ -369,8 +387,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_sep("-", "gradgate")
         terminalreporter.write_line(f"gradgate: ggml {facts['version'] or '? (the library cannot be loaded)'} "
                                     f"from {facts['label']}")
+        sanitized = f" with -fsanitize={opts['sanitize']}" if opts.get("sanitize") else ""
         terminalreporter.write_line(f"gradgate: {opts.get('build_type')} build for "
-                                    f"{', '.join(opts.get('backends') or ())} ({how}): {facts['library']}")
+                                    f"{', '.join(opts.get('backends') or ())}{sanitized} ({how}): {facts['library']}")
     if state.explore:
         from pytest_gradgate.gate import explore
         explore.summary(terminalreporter, state)

@@ -94,6 +94,29 @@ _LAST_ELEMENT_CODE = """\
         }
         ggml_vec_silu_backward_f32(i1 == nr - 1 ? nc - 1 : nc,
 """
+# The "heap-overflow" variant: the CPU SILU_BACK kernel computes each row in a scratch row it
+# allocates on the heap, one element short of what it writes (the row's sum goes after the
+# row: an off-by-one in the allocation's size). The gradient stays right, and the store lands
+# in the allocator's slack for most row lengths (the shapes the tests use), so only a sanitizer
+# build sees it. A write one past a tensor's own row would not do for such a test: every tensor
+# of a case lies in one ggml buffer, so it lands in the next tensor, where ASan sees nothing
+# (the guard zones' job). The store is volatile so that the compiler keeps a store nothing reads.
+HEAP_OVERFLOW_MARK = "pytest-gradgate's heap-overflow test variant: the planted write"
+_HEAP_OVERFLOW_HEAD = (THREAD_BOUNDARY_ANCHOR + "                (float *) ((char *) dst->data  + i1*( dst->nb[1])),\n",
+                       THREAD_BOUNDARY_ANCHOR.replace("(nc,", "(nc, row,").replace(
+                           "{\n", "{\n        float * row = (float *) malloc(nc*sizeof(float)); "
+                                  "// added by pytest-gradgate's heap-overflow test variant\n", 1))
+_HEAP_OVERFLOW_TAIL_ANCHOR = "                (float *) ((char *) grad->data + i1*(grad->nb[1])));\n"
+_HEAP_OVERFLOW_TAIL = _HEAP_OVERFLOW_TAIL_ANCHOR + """\
+        float sum = 0.0f;
+        for (int k = 0; k < nc; k++) {
+            sum += row[k];
+        }
+        ((volatile float *) row)[nc] = sum; // %s
+        memcpy((char *) dst->data + i1*(dst->nb[1]), row, nc*sizeof(float));
+        free(row);
+""" % HEAP_OVERFLOW_MARK
+
 # The "unwritten" variant: the CPU SILU_BACK kernel never writes the last element of its last
 # row (its vector call stops one short there), as a kernel whose loop bound is off by one does:
 # the element keeps whatever the memory held before, so the gradient read from it is arbitrary.
@@ -273,8 +296,8 @@ _WALK_SCALE_TASKS = ("        case GGML_OP_OPT_STEP_ADAMW:\n        case GGML_OP
                      "        case GGML_OP_WALK_SCALE: // pytest-gradgate's walk-scale variant\n"
                      "        case GGML_OP_OPT_STEP_ADAMW:\n        case GGML_OP_OPT_STEP_SGD:\n            {\n                n_tasks = n_threads;")
 
-VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "unwritten", "race", "tf32-matmul",
-                                     "tf32-matmul-scaled", "sub-sign", "input-strides", "transpose-half",
+VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "heap-overflow", "unwritten", "race",
+                                     "tf32-matmul", "tf32-matmul-scaled", "sub-sign", "input-strides", "transpose-half",
                                      "transpose-reshape") + tuple(UNCAUGHT_VARIANTS) + (UNCAUGHT,) + tuple(WALK_SCALE_VARIANTS)
 
 
@@ -357,6 +380,9 @@ def make_variant(ggml_root, dest, name):
         replace_once(cpu, TF32_DOT_LINE, _TF32_DOT_CODE)
         if name == "tf32-matmul-scaled":
             replace_once(dest / "src" / "ggml.c", MUL_MAT_SRC0_ANCHOR, _MUL_MAT_SCALED_CODE)
+    elif name == "heap-overflow":
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", *_HEAP_OVERFLOW_HEAD)
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", _HEAP_OVERFLOW_TAIL_ANCHOR, _HEAP_OVERFLOW_TAIL)
     elif name == "last-element":
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", THREAD_BOUNDARY_ANCHOR, _LAST_ELEMENT_CODE)
     elif name == "unwritten":

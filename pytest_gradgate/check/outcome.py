@@ -74,6 +74,7 @@ class Diagnosis(_Word):
     BLIND = "blind"                       # passed, but a scrambled gradient would pass too
     NO_BACKWARD = "no-backward"           # ggml has no backward for an op
     GGML_ABORT = "ggml-abort"             # ggml aborted with a message
+    SANITIZER = "sanitizer"               # a sanitizer build's report ended the case (--gradgate-sanitize)
     DIED = "died"                         # died without a ggml message
     HUNG = "hung"
     CONSUMER_FAILS = "consumer-fails"     # the consumer's own backward aborts or is wrong

@@ -10,7 +10,7 @@ import shutil
 import sys
 import tempfile
 
-from pytest_gradgate.library.options import BUILD_TYPES, BuildOptions
+from pytest_gradgate.library.options import BUILD_TYPES, SANITIZERS, BuildOptions
 from pytest_gradgate.errors import SourceError, UsageError
 
 BACKENDS = ("cpu", "cuda", "all")
@@ -23,6 +23,8 @@ def add_arguments(p):
     p.add_argument("--build-type", choices=BUILD_TYPES, default="Release", help="CMake build type (default Release)")
     p.add_argument("--cuda-arch", default="native",
                    help="CMAKE_CUDA_ARCHITECTURES for a CUDA build, e.g. 90 (default: native, needs a visible GPU)")
+    p.add_argument("--sanitize", choices=SANITIZERS, default="",
+                   help="build with this sanitizer, as pytest --gradgate-sanitize does (default: none)")
     p.add_argument("--configure-only", action="store_true",
                    help="only run CMake configure, in a temporary folder; build and cache nothing")
     p.add_argument("-v", "--verbose", action="store_true", help="print the build's details on stderr")
@@ -35,7 +37,10 @@ def options_from(args):
     if "cuda" in backends and args.cuda_arch == "native" and not gpu_visible():
         raise UsageError(f"--backend {args.backend} --cuda-arch native needs a visible NVIDIA GPU and there is "
                          "none here; give the architecture to build for, e.g. --cuda-arch 90")
-    return BuildOptions(build_type=args.build_type, backends=backends, cuda_arch=args.cuda_arch)
+    if "cuda" in backends and args.sanitize:
+        raise UsageError(f"--sanitize {args.sanitize} builds the CPU backend only; use --backend cpu")
+    return BuildOptions(build_type=args.build_type, backends=backends, cuda_arch=args.cuda_arch,
+                        sanitize=args.sanitize)
 
 
 def _progress(text):
@@ -62,6 +67,7 @@ def run(args):
         print(f"configured ggml {source.version} from {source.label} (nothing built)")
         keys = ["CMAKE_BUILD_TYPE", "GGML_CUDA"] + (["CMAKE_CUDA_ARCHITECTURES", "CMAKE_CUDA_COMPILER"]
                                                     if "cuda" in options.backends else [])
+        keys += ["CMAKE_C_FLAGS", "CMAKE_CXX_FLAGS"] if options.sanitize else []
         print(" ".join(f"{k}={values.get(k, '')}" for k in keys))
         return 0
     build = ensure_build(source.root, options, progress=_progress)

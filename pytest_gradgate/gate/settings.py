@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pytest_gradgate.library.options import BUILD_TYPES
+from pytest_gradgate.library.options import BUILD_TYPES, SANITIZERS
 from pytest_gradgate.isolation.protocol import ISOLATE_MODES
 
 
@@ -47,6 +47,10 @@ SETTINGS = [
     Setting("backend", "backend(s) to check on: cpu, cuda or all", "cpu", ("cpu", "cuda", "all")),
     Setting("build_type", "CMake build type of ggml; Debug turns ggml's assert()s on", "Release", BUILD_TYPES),
     Setting("cuda_arch", "CMAKE_CUDA_ARCHITECTURES for a CUDA build", "native"),
+    Setting("sanitize", "build ggml and the shim with a sanitizer, a build of its own, and run the workers with its "
+            "runtime: address (ASan: reads and writes outside an allocation) or undefined (UBSan: undefined "
+            "behaviour); a report fails the case, naming the error and the first frame in ggml (CPU only, "
+            "default: none)", None, SANITIZERS),
     Setting("cases", "extra YAML case files (repeatable)", (), kind="paths"),
     Setting("isolate", "case: each case in a forked child; a child whose case passed takes the next, any "
             "other verdict comes from a fresh child (default); fresh: a fresh child for every case; worker: run in "

@@ -67,7 +67,7 @@ class GateState:
     def build_options(self):
         from pytest_gradgate.library.options import BuildOptions, build_backends
         return BuildOptions(build_type=self.settings["build_type"], backends=build_backends(self.backends),
-                            cuda_arch=self.settings["cuda_arch"])
+                            cuda_arch=self.settings["cuda_arch"], sanitize=self.settings["sanitize"] or "")
 
     def ensure_build(self):
         """The build, made on first call; a failure is kept and raised again for every caller."""

@@ -12,6 +12,7 @@ import signal
 from dataclasses import asdict, dataclass
 
 from pytest_gradgate.check.outcome import Diagnosis, Phase
+from pytest_gradgate.isolation import sanitizer_report
 
 STDERR_TAIL = 4000
 
@@ -54,27 +55,66 @@ class Crash:
         return asdict(self)
 
 
+# how much of a long stderr is searched for a sanitizer's report: its reports come last, and a
+# case that printed more before one is not worth a bigger read
+REPORT_SEARCH = 4 << 20
+
+
 def stderr_excerpt(fd, start=0, limit=STDERR_TAIL):
     """What was written to the file behind fd from offset `start`: all of it if short, else
     its head and its tail. The head keeps ggml's own message (it prints it before a
-    backtrace, which can be long); the tail keeps how it ended."""
+    backtrace, which can be long); the tail keeps how it ended. A sanitizer's report is kept
+    from its start instead: its error and first frames are what says what happened, and the
+    stack of Python's frames after them can outrun the head."""
     size = os.fstat(fd).st_size
     if size - start <= limit:
         return os.pread(fd, size - start, start).decode(errors="replace")
+    report = _report_excerpt(fd, start, size, limit)
+    if report:
+        return report
     head = os.pread(fd, limit // 4, start).decode(errors="replace")
     tail_len = limit - limit // 4
     tail = os.pread(fd, tail_len, size - tail_len).decode(errors="replace")
     return f"{head}\n[... {size - start - limit} bytes left out ...]\n{tail}"
 
 
+def _report_excerpt(fd, start, size, limit):
+    """The excerpt of a long stderr that holds a sanitizer's report, from the report's start; ""
+    if there is none."""
+    read = min(size - start, REPORT_SEARCH)
+    text = os.pread(fd, read, size - read).decode(errors="replace")
+    at = sanitizer_report.report_start(text)
+    if at < 0:
+        return ""
+    before = size - read + at - start
+    after = len(text) - at - limit
+    return ((f"[... {before} bytes before the sanitizer's report left out ...]\n" if before else "")
+            + text[at:at + limit] + (f"\n[... {after} bytes left out ...]" if after > 0 else ""))
+
+
 def ggml_message(stderr):
-    """ggml's own abort line (`ggml.c:6662: GGML_ASSERT(...) failed`), or a failed C assert()."""
-    found = _GGML_MESSAGE.findall(stderr or "") or _C_ASSERT.findall(stderr or "")
+    """ggml's own abort line (`ggml.c:6662: GGML_ASSERT(...) failed`), or a failed C assert();
+    never a line of a sanitizer's report (UBSan's "file:line:col: runtime error" reads like one)."""
+    text = stderr or ""
+    at = sanitizer_report.report_start(text)
+    text = text[:at] if at >= 0 else text
+    found = _GGML_MESSAGE.findall(text) or _C_ASSERT.findall(text)
     return found[-1].strip() if found else ""
+
+
+def death_message(stderr):
+    """What the dead case's own process said of its death: the sanitizer's report (its error and
+    the first frame in ggml) if there is one, else ggml's abort line; "" if neither."""
+    report = sanitizer_report.parse(stderr)
+    return report.text() if report else ggml_message(stderr)
 
 
 def explain(phase, stderr):
     """(Diagnosis kind, text): what a dead case's phase and stderr say about why it died."""
+    report = sanitizer_report.parse(stderr)
+    if report:
+        # ahead of ggml's words: a report ends the process before ggml gets to any
+        return Diagnosis.SANITIZER, report.text()
     if phase == Phase.BUILD_BACKWARD:
         for pattern, what in _NO_BACKWARD:
             m = pattern.search(stderr or "")

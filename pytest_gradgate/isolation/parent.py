@@ -23,7 +23,8 @@ from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
 from pytest_gradgate.check.result import Result
 from pytest_gradgate.declare.work import LONG_WORK, estimated_work
 from pytest_gradgate.isolation import protocol
-from pytest_gradgate.isolation.crash import Crash, explain, ggml_message, stderr_excerpt
+from pytest_gradgate.isolation.crash import Crash, death_message, explain, ggml_message, stderr_excerpt
+from pytest_gradgate.library.sanitizer import worker_env
 
 _ALLOCATION_WORDS = re.compile(r"alloc|out of memory|Cannot allocate", re.I)
 BROKEN_BUILD_TEXT = "broken build: the worker cannot load the library, so no case can run"
@@ -113,6 +114,7 @@ class Worker:
         # small, so one thread computes them as fast. ggml does not use this BLAS (our build
         # enables no BLAS backend), so a user's own setting has nothing here to apply to.
         env["OPENBLAS_NUM_THREADS"] = "1"
+        env = worker_env(library, env)     # a sanitizer build's runtime, preloaded
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pytest_gradgate.isolation.worker", str(library)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr_file,
@@ -442,7 +444,7 @@ class Runner:
                             "itself dies on this layout, before any backward)")
         if phase == Phase.CONSUMER_CHECK:
             # it died in the consumer alone (check/selfcheck.py): the consumer's failure, not the op's
-            msg = ggml_message(crash.stderr)
+            msg = death_message(crash.stderr)
             result.kind = Diagnosis.CONSUMER_FAILS
             explanation = alone.failure_text(case.consumer, f"ggml: {msg}" if msg else f"it died ({crash.how})")
             status = Status.CONSUMER_FAILED
@@ -455,12 +457,12 @@ class Runner:
             return result.finish(Status.SKIPPED, phase, message=text, started=started)
         elif phase == Phase.PRODUCER_CHECK:
             # the mirror: it died in the producer alone, between a param's leaf and the loss
-            msg = ggml_message(crash.stderr)
+            msg = death_message(crash.stderr)
             result.kind = Diagnosis.PRODUCER_FAILS
             explanation = alone.producer_failure_text(case.producer,
                                                           f"ggml: {msg}" if msg else f"it died ({crash.how})")
             status = Status.PRODUCER_FAILED
-        ggml_msg = ggml_message(result.stderr_tail)
+        ggml_msg = death_message(result.stderr_tail)
         # a dead worker's peak is its whole life's (isolate=worker: earlier cases' too), so the
         # cap is only named for a death that looks like a failed allocation: no message of
         # ggml's, or one about allocating; never for an assert on shapes or on ggml's own pool

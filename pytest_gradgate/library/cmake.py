@@ -19,14 +19,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pytest_gradgate.library.cache import cache_root, file_lock, make_entry
-from pytest_gradgate.library.options import BuildOptions, build_backends
+from pytest_gradgate.library.options import BUILD_INFO, BuildOptions, build_backends
+from pytest_gradgate.library.sanitizer import runtime_library
 from pytest_gradgate.library.shipped import NATIVE_FILES, native_dir
 from pytest_gradgate.errors import BuildError
 from pytest_gradgate.library.source import read_ggml_version
 from pytest_gradgate.library.tree_digest import tree_digest
 
 LIBRARY_NAME = {"darwin": "libgradgate.dylib", "win32": "gradgate.dll"}.get(sys.platform, "libgradgate.so")
-BUILD_INFO = "build-info.json"
 # what of a ggml tree goes into the library; tests/, examples/, docs/ do not
 GGML_BUILD_INPUTS = ("CMakeLists.txt", "cmake", "include", "src", "ggml.pc.in")
 
@@ -121,6 +121,15 @@ def _system_has_libcuda():
     return ctypes.util.find_library("cuda") is not None
 
 
+def key_fields(options):
+    """The build options as they go into the cache key. An option added later is left out
+    while it has its default, so that the builds cached before it existed keep their keys."""
+    fields = asdict(options)
+    if not fields["sanitize"]:
+        del fields["sanitize"]
+    return fields
+
+
 def cache_key(ggml_root, options):
     # what the build holds, not how the run named it: --backend cuda and all are one build
     options = replace(options, backends=build_backends(options.backends))
@@ -128,7 +137,7 @@ def cache_key(ggml_root, options):
     digest.update(tree_digest(ggml_root, GGML_BUILD_INPUTS).encode())
     digest.update(b"--native--")
     digest.update(tree_digest(native_dir(), NATIVE_FILES).encode())
-    digest.update(json.dumps(asdict(options), sort_keys=True).encode())
+    digest.update(json.dumps(key_fields(options), sort_keys=True).encode())
     digest.update(compiler_identity().encode())
     if "cuda" in options.backends:
         digest.update(json.dumps(cuda_toolkit_args()).encode())
@@ -403,6 +412,8 @@ def _run_cmake(ggml_root, options, staging, progress):
     started = time.time()
     env = dict(os.environ)
     jobs = str(os.cpu_count() or 2)
+    # before anything is compiled: a compiler without the runtime cannot make a build that loads
+    runtime = runtime_library(options.sanitize) if options.sanitize else None
     source = _shared_object_source(ggml_root, staging, env)
     with open(log_path, "wb") as log:
         if configure(source, options, work, log, progress, env, through_link=source != Path(ggml_root)) != 0:
@@ -415,7 +426,7 @@ def _run_cmake(ggml_root, options, staging, progress):
         raise failed_build("build (no library produced)", log_path, ggml_root, source)
     shutil.copy2(built, staging / LIBRARY_NAME)
     shutil.rmtree(work)  # objects stay in ccache; the entry keeps only what is loaded
-    return {
+    info = {
         "ggml_root": str(ggml_root),
         "ggml_version": read_ggml_version(ggml_root),
         "options": asdict(options),
@@ -424,6 +435,9 @@ def _run_cmake(ggml_root, options, staging, progress):
         "built_by_pid": os.getpid(),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+    if runtime:
+        info["sanitizer_runtime"] = runtime    # what a worker preloads (library/sanitizer.py)
+    return info
 
 
 LOW_SPACE = 50 << 20
