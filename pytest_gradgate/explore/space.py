@@ -71,8 +71,8 @@ def explorable_ops(names=None, declared=None):
     if names:
         unknown = [n for n in names if n not in known]
         if unknown:
-            raise ValueError(f"unknown op(s) {', '.join(unknown)}; see `gradgate ops`, or declare the op in a case "
-                             "file given with --cases")
+            raise ValueError(f"unknown op(s) {', '.join(unknown)}; see `gradgate ops`, or declare the op (a case file "
+                             "given with --cases or --gradgate-cases, or the pytest_gradgate_ops hook)")
         return tuple(names)
     return known
 
