@@ -1,10 +1,12 @@
 """Search for backward bugs beyond the fixed suite: random cases, each failure shrunk to a case.
 
-Draws graphs of one or two ops over the op table's ops, parameters and shapes, the consumers,
-the losses and thread counts (pytest_gradgate/explore/space.py), runs each in the isolated
-worker, and shrinks every distinct failure (op, class, crash site) with Hypothesis to a small
-case, printed as YAML ready to paste into a case file. Failures the baseline records are
-marked known. Exit status 1 when there is a finding that is not known, else 0.
+Draws graphs of one or two ops over the op table's ops (and the ops that --cases files declare),
+parameters and shapes, the consumers, the losses and thread counts (pytest_gradgate/explore/space.py),
+runs each in the isolated worker, and shrinks every distinct failure (op, class, crash site) with
+Hypothesis to a small case. A new finding's case is run again (explore/reproduce.py): printed as
+YAML ready to paste into a case file if it fails the same way every time, else as flaky. Failures
+the baseline records are marked known. Exit status 1 when there is a finding that is not known,
+else 0.
 """
 
 import re
@@ -103,6 +105,7 @@ def run(args):
                                   progress=_progress, baseline=baseline, declared=declared)
     findings_mod.mark_known(found, baseline)
     stats["case_files"] = list(args.cases or ())
+    stats["consumers"] = list(args.consumers or ())
     print(summary_text(found, stats, args))
     if args.out:
         write_out(args.out, found, stats, header_text(source, stats))
@@ -138,6 +141,7 @@ def first_run_text(source, stats, ops_given):
     from pytest_gradgate.gate.baseline import first_run_text as text
     record = (f"gradgate explore --ggml-src {source.label} --budget {stats['budget_s']:g}s --seed {stats['seed']} "
               f"-n {stats['jobs']}" + (" --cases " + " ".join(stats["case_files"]) if stats.get("case_files") else "")
+              + (" --consumers " + " ".join(stats["consumers"]) if stats.get("consumers") else "")
               + (" --ops " + " ".join(stats["ops"]) if ops_given else "")
               + f" --baseline {DEFAULT_BASELINE_FILE} --update-baseline")
     return text(source.label, record, what="finding")
@@ -147,6 +151,8 @@ def replay_command(stats, ops_given):
     cmd = f"gradgate explore --seed {stats['seed']} -n {stats['jobs']} --budget {stats['budget_s']:g}s"
     if stats.get("case_files"):
         cmd += " --cases " + " ".join(stats["case_files"])
+    if stats.get("consumers"):
+        cmd += " --consumers " + " ".join(stats["consumers"])
     return cmd + (" --ops " + " ".join(stats["ops"]) if ops_given else "")
 
 
