@@ -7,8 +7,9 @@ the op cannot take) is rejected, not run.
 
 Where the axes come from, so that adding an op, a consumer or a loss adds it to the search:
 - ops: ops/table.py OPS, and the ops a case file declares (explore/declared.py). An op gets its
-  other tensors and its parameters from ARGUMENTS when it has an entry there (ops whose arguments are tied to the input's shape: mul_mat's ne0,
-  concat's other dims, repeat's multiples, ...); otherwise the generic drawer gives every other
+  other tensors and its parameters from ARGUMENTS when it has an entry there (ops whose
+  arguments are tied to the input's shape: mul_mat's ne0, concat's other dims, repeat's
+  multiples, ...); otherwise the generic drawer gives every other
   tensor the input's shape and every parameter its default (a required one a small value of its
   kind), and the loader rejects what does not fit. A declared op has no shape function: its
   other tensors get the input's shape, a broadcast of it or a shape of their own, its scalars a
