@@ -20,6 +20,11 @@ def pytest_addoption(parser):
     settings.add_options(parser)
 
 
+def pytest_addhooks(pluginmanager):
+    from pytest_gradgate import hookspecs
+    pluginmanager.add_hookspecs(hookspecs)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     # pytest chose its rootdir and config before it knew our options, so the value of
@@ -45,6 +50,8 @@ def pytest_configure(config):
             raise pytest.UsageError(str(exc)) from None
     if not state.enabled:
         return
+    from pytest_gradgate.gate.declared_ops import hook_ops
+    hook_ops(config)    # a bad declaration stops the run now, before anything is built
     from pytest_gradgate.library.cmake import gpu_visible
     from pytest_gradgate.errors import GradgateError
     from pytest_gradgate.gate.selection import gate_args

@@ -73,6 +73,36 @@ _DEATHS_CODE = """\
     }
 """
 
+# The "flaky-scale" variant: a verdict that changes from run to run, as a data race's does, but
+# on a schedule the test sets. Where $GRADGATE_TEST_FLAKY_PATTERN (e.g. "FFFFP") and
+# $GRADGATE_TEST_FLAKY_COUNTER (a file) are set, each process that runs the CPU SCALE kernel on
+# more than one thread (the analytic pass; the finite differences' forwards run on one) appends
+# a byte to the counter file once, and is wrong (thread 0's rows scaled by 1.5 s) for the whole
+# process if the pattern's letter at that count is F. So a case's run in a fresh child fails or
+# passes by the pattern, and 5 runs against "FFFFP" fail exactly 4 times. Unset, it is the
+# default ggml.
+_FLAKY_SCALE_CODE = """\
+    { // added by pytest-gradgate's flaky-scale test variant
+        static int decided = 0, wrong = 0;      // once per process: a forked child decides anew
+        const char * pattern = getenv("GRADGATE_TEST_FLAKY_PATTERN");
+        const char * counter = getenv("GRADGATE_TEST_FLAKY_COUNTER");
+        if (params->nth > 1 && params->ith == 0 && pattern && *pattern && counter) {
+            if (!decided) {
+                decided = 1;
+                FILE * f = fopen(counter, "ab");
+                if (f) {
+                    fputc('.', f);
+                    fseek(f, 0, SEEK_END);
+                    const long n = ftell(f);
+                    fclose(f);
+                    wrong = pattern[(n - 1) % (long) strlen(pattern)] == 'F';
+                }
+            }
+            if (wrong) { s *= 1.5f; }
+        }
+    }
+"""
+
 # The "thread-boundary" variant: the CPU SILU_BACK kernel (SILU's backward) loses a row at
 # every thread boundary: each thread but the last stops one row short of its range, as an
 # off-by-one in a kernel's ir0/ir1 split does. On one thread it is exact.
@@ -298,7 +328,7 @@ _WALK_SCALE_TASKS = ("        case GGML_OP_OPT_STEP_ADAMW:\n        case GGML_OP
 
 VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "heap-overflow", "unwritten", "race",
                                      "tf32-matmul", "tf32-matmul-scaled", "sub-sign", "input-strides", "transpose-half",
-                                     "transpose-reshape") + tuple(UNCAUGHT_VARIANTS) + (UNCAUGHT,) + tuple(WALK_SCALE_VARIANTS)
+                                     "transpose-reshape", "flaky-scale") + tuple(UNCAUGHT_VARIANTS) + (UNCAUGHT,) + tuple(WALK_SCALE_VARIANTS)
 
 
 class PatchError(Exception):
@@ -368,6 +398,8 @@ def make_variant(ggml_root, dest, name):
         replace_once(dest / "src" / "ggml.c", TRANSPOSE_ANCHOR, _TRANSPOSE_RESHAPE_CODE)
     elif name == "deaths":
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", DEATHS_ANCHOR, DEATHS_ANCHOR + _DEATHS_CODE)
+    elif name == "flaky-scale":
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", DEATHS_ANCHOR, DEATHS_ANCHOR + _FLAKY_SCALE_CODE)
     elif name == "transpose-half":
         replace_once(dest / "src" / "ggml.c", TRANSPOSE_ANCHOR, _TRANSPOSE_HALF_CODE)
     elif name == "input-strides":

@@ -1,10 +1,12 @@
 """Search for backward bugs beyond the fixed suite: random cases, each failure shrunk to a case.
 
-Draws graphs of one or two ops over the op table's ops, parameters and shapes, the consumers,
-the losses and thread counts (pytest_gradgate/explore/space.py), runs each in the isolated
-worker, and shrinks every distinct failure (op, class, crash site) with Hypothesis to a small
-case, printed as YAML ready to paste into a case file. Failures the baseline records are
-marked known. Exit status 1 when there is a finding that is not known, else 0.
+Draws graphs of one or two ops over the op table's ops (and the ops that --cases files declare),
+parameters and shapes, the consumers, the losses and thread counts (pytest_gradgate/explore/space.py),
+runs each in the isolated worker, and shrinks every distinct failure (op, class, crash site) with
+Hypothesis to a small case. A new finding's case is run again (explore/reproduce.py): printed as
+YAML ready to paste into a case file if it fails the same way every time, else as flaky. Failures
+the baseline records are marked known. Exit status 1 when there is a finding that is not known,
+else 0.
 """
 
 import re
@@ -33,7 +35,11 @@ def add_arguments(p):
     p.add_argument("--budget", default="60s", help="how long to draw new cases, e.g. 60s or 10m (default 60s); "
                                                    "a shrink under way may take up to 20 s more")
     p.add_argument("--seed", type=int, default=0, help="seed of the search (job i uses seed + i; default 0)")
-    p.add_argument("--ops", nargs="+", metavar="OP", help="ops to search (default: every op of `gradgate ops`)")
+    p.add_argument("--ops", nargs="+", metavar="OP",
+                   help="ops to search (default: every op of `gradgate ops` and every op --cases declares)")
+    p.add_argument("--cases", nargs="+", metavar="FILE",
+                   help="case files whose declared ops (`ops:`, a fork's own, see docs/declared-ops.md) are searched "
+                        "too; an op's `ranges:` bound its int and float arguments")
     p.add_argument("--consumers", nargs="+", metavar="NAME", help="consumers to draw from (default: all)")
     p.add_argument("-n", "--jobs", type=int, default=1, metavar="N",
                    help="parallel jobs, each with its own worker (default 1)")
@@ -76,8 +82,10 @@ def run(args):
     budget = parse_duration(args.budget)
     if args.jobs < 1:
         raise UsageError(f"-n: {args.jobs} jobs; give 1 or more")
+    from pytest_gradgate.explore import declared as declared_ops
+    declared = declared_ops.from_files(args.cases) if args.cases else {}
     try:
-        ops = space.explorable_ops(args.ops)
+        ops = space.explorable_ops(args.ops, declared)
     except ValueError as exc:
         raise UsageError(f"--ops: {exc}") from None
     from pytest_gradgate.ops.consumers import CONSUMERS
@@ -89,12 +97,15 @@ def run(args):
         raise UsageError("--update-baseline: name the file to record the findings in with --baseline FILE "
                          f"(e.g. --baseline {DEFAULT_BASELINE_FILE})")
     source, library, baseline = resolve(args)
+    check_declared_in_headers(declared, source)
     _progress(f"ggml {source.version} from {source.label}; {budget:g} s, seed {args.seed}, {args.jobs} job(s), "
               f"{len(ops)} ops")
     found, stats = search.explore(library, budget, seed=args.seed, ops=list(ops), consumers=args.consumers,
                                   jobs=args.jobs, database=None if args.no_database else args.database,
-                                  progress=_progress, baseline=baseline)
+                                  progress=_progress, baseline=baseline, declared=declared)
     findings_mod.mark_known(found, baseline)
+    stats["case_files"] = list(args.cases or ())
+    stats["consumers"] = list(args.consumers or ())
     print(summary_text(found, stats, args))
     if args.out:
         write_out(args.out, found, stats, header_text(source, stats))
@@ -111,17 +122,37 @@ def run(args):
     return 1 if new else 0
 
 
+def check_declared_in_headers(declared, source, option="--cases"):
+    """A declared op whose function the tree's headers lack is a UsageError before the search,
+    not a harness error in every draw of it."""
+    from pytest_gradgate.explore.declared import prototypes
+    from pytest_gradgate.ops.declared import header_text, missing_from_headers
+    if not declared:
+        return
+    missing = missing_from_headers(prototypes(declared), header_text(source.root))
+    if missing:
+        raise UsageError(f"{option}: " + "; ".join(f"op '{name}': {symbol} is not declared in the headers of the ggml "
+                                                    f"tree under test ({source.root}/include)"
+                                                    for name, symbol in missing.items()))
+
+
 def first_run_text(source, stats, ops_given):
     """The note of a run on an unpinned tree with no --baseline (gate/baseline.py)."""
     from pytest_gradgate.gate.baseline import first_run_text as text
     record = (f"gradgate explore --ggml-src {source.label} --budget {stats['budget_s']:g}s --seed {stats['seed']} "
-              f"-n {stats['jobs']}" + (" --ops " + " ".join(stats["ops"]) if ops_given else "")
+              f"-n {stats['jobs']}" + (" --cases " + " ".join(stats["case_files"]) if stats.get("case_files") else "")
+              + (" --consumers " + " ".join(stats["consumers"]) if stats.get("consumers") else "")
+              + (" --ops " + " ".join(stats["ops"]) if ops_given else "")
               + f" --baseline {DEFAULT_BASELINE_FILE} --update-baseline")
     return text(source.label, record, what="finding")
 
 
 def replay_command(stats, ops_given):
     cmd = f"gradgate explore --seed {stats['seed']} -n {stats['jobs']} --budget {stats['budget_s']:g}s"
+    if stats.get("case_files"):
+        cmd += " --cases " + " ".join(stats["case_files"])
+    if stats.get("consumers"):
+        cmd += " --consumers " + " ".join(stats["consumers"])
     return cmd + (" --ops " + " ".join(stats["ops"]) if ops_given else "")
 
 
@@ -132,7 +163,7 @@ def header_text(source, stats):
 
 
 def summary_text(found, stats, args=None):
-    from pytest_gradgate.explore.findings import key_text, node_name
+    from pytest_gradgate.explore.findings import flaky_text, key_text, node_name
     import yaml
     c = stats["counts"]
     why = ", ".join(f"{k} {v}" for k, v in sorted(stats["discarded"].items()))
@@ -156,8 +187,17 @@ def summary_text(found, stats, args=None):
         if f.result.get("diagnosis"):
             lines.append(f"   diagnosis: {' '.join(f.result['diagnosis'].split())}")
         lines.append(f"   found after {f.found_after_s:.1f} s by job seed {f.seed}; replay the search: {replay}")
-        lines.append(f"   case, item {node_name(f.mapping)} (paste under `cases:`; run it with "
-                     f"pytest --gradgate --gradgate-cases FILE -k '{f.mapping['name']}'):")
+        if f.flaky:
+            lines.append(f"   FLAKY: its case {flaky_text(f)} ({', '.join(f.reproduced['verdicts'])}), so it is no "
+                         "case to paste: a verdict that changes from run to run is nondeterminism in ggml (threads, "
+                         "uninitialised memory) or state the case does not set; the case it failed with:")
+        elif f.known:
+            lines.append(f"   case (recorded in the baseline), item {node_name(f.mapping)}:")
+        else:
+            reproduced = f" (failed the same way in {f.reproduced['runs']} of {f.reproduced['runs']} more runs)" \
+                if f.reproduced else ""
+            lines.append(f"   case{reproduced}, item {node_name(f.mapping)} (paste under `cases:`; run it with "
+                         f"pytest --gradgate \"FILE::{node_name(f.mapping)}\"):")
         body = yaml.safe_dump([f.mapping], sort_keys=False, default_flow_style=None, width=110)
         lines.extend("     " + line for line in body.splitlines())
     return "\n".join(lines)

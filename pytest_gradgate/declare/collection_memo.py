@@ -51,28 +51,30 @@ def memo_key(raw, path, session_backends, builtin):
     return hashlib.sha256(head.encode() + b"\0" + raw).hexdigest()
 
 
-def load_file_remembered(path, session_backends=("cpu",), builtin=False):
-    """load_file(path, session_backends, builtin), from the memo when it holds this very input."""
+def load_file_remembered(path, session_backends=("cpu",), builtin=False, declared_ops=None):
+    """load_file(path, session_backends, builtin, declared_ops), from the memo when it holds this
+    very input (the ops from Python included)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
         text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError):   # load_file words these
-        return _load(path, session_backends, builtin)
-    key = memo_key(raw, path, session_backends, builtin)
+        return _load(path, session_backends, builtin, declared_ops=declared_ops)
+    key = memo_key(raw + (json.dumps(declared_ops, sort_keys=True).encode() if declared_ops else b""), path,
+                   session_backends, builtin)
     where = memo_path(path, session_backends, builtin)
     remembered = _read(where, key)
     if remembered is not None:
         return remembered
-    loaded, errors = _load(path, session_backends, builtin, text)
+    loaded, errors = _load(path, session_backends, builtin, text, declared_ops)
     if not errors:
         _write(where, path, key, loaded)
     return loaded, errors
 
 
-def _load(path, session_backends, builtin, text=None):
+def _load(path, session_backends, builtin, text=None, declared_ops=None):
     from pytest_gradgate.declare.loader import load_file
-    return load_file(path, session_backends, builtin=builtin, text=text)
+    return load_file(path, session_backends, builtin=builtin, text=text, declared_ops=declared_ops)
 
 
 # The memo's body is the pickle of the loaded cases (see memo_file.py for its head).

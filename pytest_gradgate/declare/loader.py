@@ -183,8 +183,10 @@ def _equivalent_lines(node):
     return out
 
 
-def load_file(path, session_backends=("cpu",), builtin=False, text=None):
-    """-> (list of LoadedCase, list of CaseError). Never raises for bad content."""
+def load_file(path, session_backends=("cpu",), builtin=False, text=None, declared_ops=None):
+    """-> (list of LoadedCase, list of CaseError). Never raises for bad content. declared_ops:
+    {name: prototype} declared from Python (the pytest_gradgate_ops hook), as if the file's
+    top-level `ops:` held them too (its own entry of a name wins)."""
     path = Path(path)
     try:
         raw_bytes = path.read_bytes() if text is None else None
@@ -223,6 +225,8 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None):
     case_nodes = next(v for k, v in root.value if k.value == "cases").value
     loaded, errors, seen = [], [], {}
     file_ops, op_errors, op_lines = _declared_ops(data.get("ops"), root, path, top_lines.get("ops"))
+    if declared_ops:
+        file_ops = {**{k: v for k, v in declared_ops.items() if k not in op_errors}, **file_ops}
     in_doubt = {key: [] for r in repeated for key in r.disputed}   # key -> cases left out for it
     for raw, node in zip(data["cases"], case_nodes):
         line = node.start_mark.line + 1
@@ -301,8 +305,10 @@ OP_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 
 def _declared_ops(ops, root, path, line):
     """A file's `ops:` -> ({name: prototype} of those that parse, {name: (CaseError, [cases it
-    keeps from loading])} of those that do not, each error at its own line, {name: line})."""
-    from pytest_gradgate.ops.declared import parse_prototype
+    keeps from loading])} of those that do not, each error at its own line, {name: line}).
+    An op's `ranges:` are for explore alone (explore/declared.py); checked here, so that a bad
+    one is an error at its line in either."""
+    from pytest_gradgate.ops.declared import check_ranges, parse_prototype
     from pytest_gradgate.ops.table import OPS
     if ops is None:
         return {}, {}, {}
@@ -319,9 +325,10 @@ def _declared_ops(ops, root, path, line):
             if name in OPS:
                 raise CaseError(f"op '{name}' is an op of the built-in table (see `gradgate ops`); give the "
                                 "declared op a name of its own", *where)
-            if not isinstance(spec, dict) or set(spec) != {"c"}:
-                raise CaseError(f"op '{name}' must be {{c: \"<C prototype>\"}}", *where)
-            parse_prototype(name, spec["c"])
+            if not isinstance(spec, dict) or "c" not in spec or set(spec) - {"c", "ranges"}:
+                raise CaseError(f"op '{name}' must be {{c: \"<C prototype>\"}}, and optionally ranges: {{arg: [lo, hi]}}",
+                                *where)
+            check_ranges(parse_prototype(name, spec["c"]), spec.get("ranges"))
             good[name] = spec["c"].strip()
         except CaseError as exc:
             if exc.path is None:
@@ -571,8 +578,8 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
 
 
 def _case_ops(ops, where):
-    """A case's `ops` (name -> prototype, or name -> {c: prototype}) -> {name: prototype}."""
-    from pytest_gradgate.ops.declared import parse_prototype
+    """A case's `ops` (name -> prototype, or name -> {c: prototype[, ranges]}) -> {name: prototype}."""
+    from pytest_gradgate.ops.declared import check_ranges, parse_prototype
     from pytest_gradgate.ops.table import OPS
     if not ops:
         return {}
@@ -584,7 +591,10 @@ def _case_ops(ops, where):
         if name in OPS:
             raise CaseError(f"op '{name}' is an op of the built-in table; give the declared op a name of its own",
                             *where)
-        parse_prototype(name, text)
+        try:
+            check_ranges(parse_prototype(name, text), spec.get("ranges") if isinstance(spec, dict) else None)
+        except CaseError as exc:
+            raise CaseError(str(exc), *where) from None
         out[name] = text.strip()
     return out
 

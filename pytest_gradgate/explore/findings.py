@@ -97,12 +97,17 @@ def layout_site(consumer, producer):
     return CONTIGUOUS if (consumer or "none") == "none" and (producer or "none") == "none" else LAID_OUT
 
 
-def classify(result, ops=()):
+def classify(result, ops=(), declared=()):
     """-> (FINDING, key) | (DISCARD, why) | (UNSEARCHED, ops) | (ERROR, message) | (PASSED, None).
-    `ops`: the ops of the case's graph."""
+    `ops`: the ops of the case's graph; `declared`: the names of declared ops (explore/declared.py)."""
     status = result.status
     if status == Status.PASSED:
         return PASSED, None
+    if status == Status.ERROR and result.phase == Phase.BUILD_FORWARD and set(ops) & set(declared):
+        # a declared op's output shape is known only once ggml built it, so the drawn consumer
+        # may not fit it (view_gap needs ne0 >= 2): the engine's error before any backward, the
+        # draw's fault and not the harness's, as a shape the forward refuses is
+        return DISCARD, "consumer-cannot-read-output"
     if status in _DISCARD_STATUSES:
         return DISCARD, str(status)
     if status == Status.FAILED:
@@ -164,6 +169,12 @@ class Finding:
         self.seed = seed                  # the explore --seed of the run that found it
         self.found_after_s = found_after_s
         self.known = None                 # the baseline entry that records it, see mark_known
+        self.reproduced = None            # {runs, failed, verdicts} of its case run again (reproduce.py)
+
+    @property
+    def flaky(self):
+        """Run again, its case did not fail the same way every time: no case to paste."""
+        return self.reproduced is not None and self.reproduced["failed"] < self.reproduced["runs"]
 
     def offer(self, mapping, result):
         """Keep `mapping` if it is smaller than the case held so far."""
@@ -177,7 +188,7 @@ class Finding:
                 "diagnosis": normalise_reason(self.result.get("diagnosis")),
                 "message": normalise_reason(self.result.get("message")), "seed": self.seed,
                 "kind": self.result.get("kind"), "found_after_s": round(self.found_after_s, 2), "known": self.known,
-                "node": node_name(self.mapping)}
+                "reproduced": self.reproduced, "flaky": self.flaky, "node": node_name(self.mapping)}
 
     @classmethod
     def from_dict(cls, data):
@@ -186,12 +197,17 @@ class Finding:
                                             "message": data["message"], "kind": data.get("kind")},
                 data["seed"], data["found_after_s"])
         f.known = data.get("known")
+        f.reproduced = data.get("reproduced")
         return f
 
 
 def node_name(mapping):
-    """The item id the case gets in a case file: name[consumer-loss-cpu]."""
-    return f"{mapping['name']}[{mapping['consumers'][0]}-{mapping.get('loss', 'sqr')}-cpu]"
+    """The item id the case gets in a case file, made by Case.id itself (name[from_<producer>-
+    consumer-loss-backend]): an id written here by hand lost the producer part, and pasted back
+    it selected nothing."""
+    from pytest_gradgate.declare.case import Case
+    return Case(name=mapping["name"], graph="", params={}, consumer=(mapping.get("consumers") or ["none"])[0],
+                producer=(mapping.get("producers") or ["none"])[0], loss=mapping.get("loss", "sqr")).id
 
 
 def merge(findings_lists):
@@ -400,7 +416,13 @@ def case_file_text(findings, header=""):
 def describe(f):
     from pytest_gradgate.gate.baseline import normalise_reason
     known = f" (known: {f.known['node']})" if f.known else ""
-    return f"{key_text(f.key)}{known}: {' '.join(normalise_reason(f.result.get('message')).split())[:160]}"
+    flaky = f" (flaky: {flaky_text(f)})" if f.flaky else ""
+    return f"{key_text(f.key)}{known}{flaky}: {' '.join(normalise_reason(f.result.get('message')).split())[:160]}"
+
+
+def flaky_text(f):
+    r = f.reproduced
+    return f"failed {r['failed']} of {r['runs']} identical runs"
 
 
 def json_report(findings, stats):

@@ -37,7 +37,7 @@ import time
 
 from pytest_gradgate.check.outcome import Diagnosis, Status
 from pytest_gradgate.errors import GradgateError
-from pytest_gradgate.explore import findings, space
+from pytest_gradgate.explore import findings, reproduce, space
 
 SHRINK_S = 20.0             # the most one shrink may take
 SPENT_AFTER = 6             # an op is spent after this many runs ...
@@ -61,11 +61,12 @@ class Job:
     """One sequential search on one warm worker."""
 
     def __init__(self, library, seed, budget_s, ops, consumers=None, database=None, progress=None,
-                 shrink_s=SHRINK_S, case_timeout=CASE_TIMEOUT_S, baseline=None):
+                 shrink_s=SHRINK_S, case_timeout=CASE_TIMEOUT_S, baseline=None, declared=None):
         from pytest_gradgate.isolation.parent import Runner
         self.runner = Runner(library, isolate="case", timeout=case_timeout)
         self.seed, self.budget_s, self.ops, self.consumers = seed, budget_s, tuple(ops), consumers
         self.database, self.progress, self.shrink_s = database, progress, shrink_s
+        self.declared = declared or {}  # declared ops among ops: name -> {c, ranges} (explore/declared.py)
         self.known = findings.KnownFailures(baseline)
         self.findings = {}              # key -> findings.Finding
         self.counts = {"cases": 0, "passed": 0, "findings": 0, "discarded": 0, "errors": 0, "invalid": 0}
@@ -134,7 +135,7 @@ class Job:
         self.runner.ggml_version()      # start the worker before the clock runs
         start = time.monotonic()
         deadline = start + self.budget_s
-        strategy = space.cases(self.ops, self.consumers)
+        strategy = space.cases(self.ops, self.consumers, declared=self.declared)
         state = {}
 
         def probe(mapping):
@@ -159,7 +160,7 @@ class Job:
             result = self.runner.run(case)
             self.case_seconds += time.perf_counter() - began
             self.counts["cases"] += 1
-            outcome, detail = findings.classify(result, ops)
+            outcome, detail = findings.classify(result, ops, self.declared)
             for op in set(ops):
                 seen = self.op_draws.setdefault(op, [0, 0])
                 seen[0] += 1
@@ -264,7 +265,7 @@ def run_job(spec, progress=None):
         from pytest_gradgate.gate.baseline import Baseline
         baseline = Baseline.load(spec["baseline"])
     job = Job(spec["library"], spec["seed"], spec["budget_s"], spec["ops"], spec.get("consumers"), database,
-              progress=progress, baseline=baseline)
+              progress=progress, baseline=baseline, declared=spec.get("declared"))
     try:
         return job.run()
     finally:
@@ -293,16 +294,17 @@ def _main():
 
 
 def explore(library, budget_s, seed=0, ops=None, consumers=None, jobs=1, database=None, progress=None,
-            baseline=None):
+            baseline=None, declared=None):
     """Search with `jobs` parallel jobs (seeds seed, seed+1, ...); -> (findings, stats).
 
     Each job runs in a process of its own, each with its own warm worker. The findings are
-    merged by key (findings.merge), and a chain's finding that one of its ops alone shows is
-    dropped (findings.without_subsumed)."""
-    ops = space.explorable_ops(ops)
+    merged by key (findings.merge), a chain's finding that one of its ops alone shows is
+    dropped (findings.without_subsumed), and each new one's case is run again (reproduce.py)."""
+    ops = space.explorable_ops(ops, declared)
+    declared = {name: spec for name, spec in (declared or {}).items() if name in ops}
     # a job reads the baseline from its file (one not written yet, for --update-baseline, is empty)
     specs = [{"library": str(library), "seed": seed + i, "budget_s": budget_s, "ops": list(ops),
-              "consumers": consumers, "database": str(database) if database else None,
+              "consumers": consumers, "database": str(database) if database else None, "declared": declared,
               "baseline": str(baseline.path) if baseline is not None and baseline.path.exists() else None} for i in range(jobs)]
     started = time.monotonic()
     if jobs == 1:
@@ -333,7 +335,13 @@ def explore(library, budget_s, seed=0, ops=None, consumers=None, jobs=1, databas
              "rounds": sum(r["rounds"] for r in reports),
              "errors": [e for r in reports for e in r["errors"]][:5],
              "no_backward": sorted({op for r in reports for op in r.get("no_backward", ())})}
-    return findings.name_findings(findings.without_subsumed(merged)), stats
+    found = findings.mark_known(findings.name_findings(findings.without_subsumed(merged)), baseline)
+    # only what is new is printed as a case to paste: a known finding is an xfail, its case recorded
+    new = [f for f in found if f.known is None]
+    if progress and new:
+        progress(f"running the case of each of {len(new)} new finding(s) {reproduce.RUNS} more times")
+    stats["recheck_s"] = round(reproduce.recheck(library, new), 2)
+    return found, stats
 
 
 if __name__ == "__main__":

@@ -6,11 +6,15 @@ draw is validated by the YAML loader (declare/loader.py build_cases); one it ref
 the op cannot take) is rejected, not run.
 
 Where the axes come from, so that adding an op, a consumer or a loss adds it to the search:
-- ops: ops/table.py OPS. An op gets its other tensors and its parameters from ARGUMENTS when
-  it has an entry there (ops whose arguments are tied to the input's shape: mul_mat's ne0,
-  concat's other dims, repeat's multiples, ...); otherwise the generic drawer gives every other
+- ops: ops/table.py OPS, and the ops a case file declares (explore/declared.py). An op gets its
+  other tensors and its parameters from ARGUMENTS when it has an entry there (ops whose
+  arguments are tied to the input's shape: mul_mat's ne0, concat's other dims, repeat's
+  multiples, ...); otherwise the generic drawer gives every other
   tensor the input's shape and every parameter its default (a required one a small value of its
-  kind), and the loader rejects what does not fit.
+  kind), and the loader rejects what does not fit. A declared op has no shape function: its
+  other tensors get the input's shape, a broadcast of it or a shape of their own, its scalars a
+  value in the op's `ranges:` (or a few plain ones), ggml refuses what does not fit, and it is a
+  chain's last op (its output's shape is known only in the worker).
 - consumers: ops/consumers.py CONSUMERS; losses: ops/losses.py LOSSES (without `sum`, which is
   blind by design); threads: 1 to 4 (the default first, so a shrunk case omits it).
 - producers: ops/producers.py PRODUCERS, each only where it lays out some param differently.
@@ -61,14 +65,17 @@ def producers():
     return tuple(PRODUCERS)
 
 
-def explorable_ops(names=None):
-    """Ops of the table to search (all by default); unknown names are a ValueError."""
+def explorable_ops(names=None, declared=None):
+    """Ops to search: of the table and `declared` (explore/declared.py), all by default; unknown
+    names are a ValueError."""
+    known = tuple(OPS) + tuple(declared or ())
     if names:
-        unknown = [n for n in names if n not in OPS]
+        unknown = [n for n in names if n not in known]
         if unknown:
-            raise ValueError(f"unknown op(s) {', '.join(unknown)}; see `gradgate ops`")
+            raise ValueError(f"unknown op(s) {', '.join(unknown)}; see `gradgate ops`, or declare the op (a case file "
+                             "given with --cases or --gradgate-cases, or the pytest_gradgate_ops hook)")
         return tuple(names)
-    return tuple(OPS)
+    return known
 
 
 # --- arguments of ops whose other tensors and parameters are tied to the input's shape ---
@@ -283,6 +290,50 @@ def _generic(spec):
     return draw_args
 
 
+# --- declared ops (explore/declared.py): a fork's own, with no shape function here ---
+# A scalar argument without a declared range is drawn from these, the simplest first
+DECLARED_FLOATS = (1.0, 0.5, -1.5, 2.0, -0.5)
+DECLARED_INTS = (0, 3)
+
+
+def _scalar(kind, bounds):
+    if kind is bool:
+        return st.booleans()
+    if kind is int:
+        lo, hi = bounds or DECLARED_INTS
+        return st.integers(int(lo), int(hi))
+    if bounds is None:
+        return st.sampled_from(DECLARED_FLOATS)
+    lo, hi = float(bounds[0]), float(bounds[1])
+    # a few plain values of the range first (what a case shrinks to), then any in it
+    plain = [v for v in (1.0, 0.5, -1.0, 2.0, lo, hi) if lo <= v <= hi]
+    return st.one_of(st.sampled_from(list(dict.fromkeys(plain))),
+                     st.floats(lo, hi, allow_nan=False, allow_infinity=False, width=32))
+
+
+def _other_shape(a):
+    """A declared op's other tensor: the input's shape (what most ops take), the input's with some
+    sizes 1 (a broadcast), or a shape of its own; ggml's asserts refuse what the op cannot take
+    (findings.classify: forward-refused, discarded)."""
+    broadcast = st.lists(st.booleans(), min_size=4, max_size=4).map(
+        lambda ones: _dims([1 if one else n for n, one in zip(a, ones)]))
+    own = st.lists(st.integers(1, MAX_DIM), min_size=1, max_size=4)
+    return st.one_of(st.just(_dims(a)), broadcast, own)
+
+
+def _declared_args(op):
+    """The drawer of a declared op: its other tensors' shapes, its scalars in their ranges."""
+    from pytest_gradgate.ops.declared import SCALARS, parse_prototype
+    parsed = parse_prototype(op["name"], op["c"])
+    main = "a" if "a" in parsed.tensors else parsed.tensors[0]
+
+    def draw_args(draw, a):
+        tensors = {name: ("param", draw(_other_shape(a))) for name in parsed.tensors if name != main}
+        kwargs = {name: draw(_scalar(SCALARS[ctype][0], op["ranges"].get(name))) for name, ctype in parsed.scalars}
+        return tensors, kwargs
+    return draw_args
+
+
 def _literal(value):
     if isinstance(value, str):
         return f'"{value}"'
@@ -315,10 +366,15 @@ class _Names:
         return name
 
 
-def _call(draw, op_name, first, first_shape, names, init):
+def _call(draw, op_name, first, first_shape, names, init, declared):
     """One op call on `first` (a name or an expression) whose shape is first_shape."""
-    spec = OPS[op_name]
-    draw_args = ARGUMENTS.get(op_name) or _generic(spec)
+    if op_name in declared:
+        from pytest_gradgate.ops.declared import table_for
+        spec = table_for({op_name: declared[op_name]["c"]})[op_name]
+        draw_args = _declared_args(dict(declared[op_name], name=op_name))
+    else:
+        spec = OPS[op_name]
+        draw_args = ARGUMENTS.get(op_name) or _generic(spec)
     a = tuple(first_shape) + (1,) * (4 - len(first_shape))
     tensors, kwargs = draw_args(draw, a)
     main = main_tensor(spec)
@@ -342,15 +398,18 @@ def _call(draw, op_name, first, first_shape, names, init):
 
 
 @st.composite
-def cases(draw, ops, consumers=None, losses=None, threads=THREADS):
-    """Case mappings, as a case file writes them (see the module's docstring)."""
+def cases(draw, ops, consumers=None, losses=None, threads=THREADS, declared=None):
+    """Case mappings, as a case file writes them (see the module's docstring). `declared`: the
+    declared ops among `ops` (explore/declared.py); a case that calls one declares it (`ops:`), so
+    that it loads as it is pasted."""
+    declared = declared or {}
     consumers = tuple(consumers or CONSUMERS)
     losses = tuple(losses or [name for name in LOSSES if name not in BLIND_LOSSES])
     if "none" in consumers:     # the simplest first: what the case shrinks to
         consumers = ("none",) + tuple(c for c in consumers if c != "none")
     # an op with parameters or tied shapes (ARGUMENTS) twice as often as one without: its
     # space is wider than the suite's few points, where a parameter-free op's is its shapes
-    first_op = draw(st.sampled_from(tuple(ops) + tuple(op for op in ops if op in ARGUMENTS)))
+    first_op = draw(st.sampled_from(tuple(ops) + tuple(op for op in ops if op in ARGUMENTS or op in declared)))
     shape = draw(st.lists(st.integers(1, MAX_DIM), min_size=1, max_size=4))
     names = _Names()
     init = {}
@@ -359,8 +418,10 @@ def cases(draw, ops, consumers=None, losses=None, threads=THREADS):
         init[a] = SAFE_INIT[first_op]
     chain = [first_op]
     follow = FOLLOWED_BY.get(first_op)
-    n_ops = 2 if follow else draw(st.integers(1, MAX_CHAIN))
-    expr = _call(draw, first_op, a, shape, names, init)
+    # a declared op's output shape is ggml's to say, in the worker: nothing can be drawn for an
+    # op that reads it, so it is a chain's last op
+    n_ops = 2 if follow else 1 if first_op in declared else draw(st.integers(1, MAX_CHAIN))
+    expr = _call(draw, first_op, a, shape, names, init, declared)
     if n_ops > 1:
         # the second op reads the first's output: its shape comes from the loader's inference
         out = _output_shape(expr, names, init)
@@ -374,8 +435,10 @@ def cases(draw, ops, consumers=None, losses=None, threads=THREADS):
             # through in a real graph is a cont (an input that arrives as a view is the
             # producer axis's job)
             expr = f"cont({expr})"
-        expr = _call(draw, second, expr, _dims(out), names, init)
+        expr = _call(draw, second, expr, _dims(out), names, init, declared)
     case = {"name": "explore_" + "_".join(reversed(chain)), "params": names.params, "graph": expr}
+    if any(op in declared for op in chain):
+        case["ops"] = {op: declared[op]["c"] for op in dict.fromkeys(chain) if op in declared}
     if names.inputs:
         case["inputs"] = names.inputs
     if init:

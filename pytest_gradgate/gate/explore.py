@@ -8,7 +8,8 @@ finding's text and YAML, or xfail when the baseline records the same failure (wi
 written at the end of the run, and xfail too); plus one item,
 `explore::explore[search]`, that passes with the throughput, or fails when the search could not run.
 `--collect-only` runs nothing and lists `explore[search]` alone. The built-in suite and case
-files are not collected. Under pytest-xdist each worker would run its own search: refused,
+files are not collected; the ops that case files (--gradgate-cases) and the pytest_gradgate_ops
+hook declare are drawn with the table's. Under pytest-xdist each worker would run its own search: refused,
 --gradgate-explore-jobs N runs N jobs instead.
 """
 
@@ -33,16 +34,28 @@ def configure(config, state):
         require_hypothesis("--gradgate-explore")
     except UsageError as exc:
         raise pytest.UsageError(f"gradgate: {exc}") from None
-    from pytest_gradgate.explore import space
+    from pytest_gradgate.explore import declared as declared_ops, space
+    from pytest_gradgate.gate.declared_ops import WHERE, hook_ops
     try:
         state.explore_budget = parse_duration(state.settings["explore"], "--gradgate-explore")
-        state.explore_ops = space.explorable_ops(_ops(state.settings["explore_ops"]))
+        # a fork's own ops: from the pytest_gradgate_ops hook and the case files' `ops:`
+        declared = declared_ops.merge(dict(hook_ops(config)), declared_ops.from_files(
+            _case_files(config, state), "--gradgate-cases"), WHERE)
+        state.explore_ops = space.explorable_ops(_ops(state.settings["explore_ops"]), declared)
+        state.explore_declared = {name: spec for name, spec in declared.items() if name in state.explore_ops}
     except (UsageError, ValueError) as exc:
         raise pytest.UsageError(f"gradgate: {exc}") from None
     if state.settings["explore_jobs"] < 1:
         raise pytest.UsageError("--gradgate-explore-jobs: give 1 or more")
     state.explore_stats = None
     state.explore_findings = []
+
+
+def _case_files(config, state):
+    """The case files given with --gradgate-cases (GRADGATE_CASES, ini gradgate_cases), as paths."""
+    from pathlib import Path
+    base = Path(config.invocation_params.dir)
+    return [base / p for p in state.settings["cases"] or ()]
 
 
 def _ops(text):
@@ -81,10 +94,13 @@ def _search(config, state):
             tr.write_line(f"gradgate explore: {text}")
     progress(f"searching for {state.explore_budget:g} s (seed {settings['explore_seed']}, "
              f"{settings['explore_jobs']} job(s), {len(state.explore_ops)} ops) on ggml from {state.source.label}")
+    if state.explore_declared:
+        from pytest_gradgate.cli.explore import check_declared_in_headers
+        check_declared_in_headers(state.explore_declared, state.source, "--gradgate-cases / pytest_gradgate_ops")
     found, stats = search.explore(build.library, state.explore_budget, seed=settings["explore_seed"],
                                   ops=list(state.explore_ops), jobs=settings["explore_jobs"],
                                   database=settings["explore_database"] or None, progress=progress,
-                                  baseline=state.baseline)
+                                  baseline=state.baseline, declared=state.explore_declared)
     findings_mod.mark_known(found, state.baseline)
     if state.update_baseline and state.baseline is not None:
         # recorded now, written with the suite's entries at the end of the run (report/outputs.py)
@@ -137,7 +153,12 @@ def finding_text(f):
     if d["diagnosis"]:
         lines.append(f"diagnosis: {' '.join(d['diagnosis'].split())}")
     lines.append(f"found after {f.found_after_s:.1f} s by the job with seed {f.seed}")
-    lines.append("shrunk case (paste under `cases:` of a case file):")
+    if f.flaky:
+        from pytest_gradgate.explore.findings import flaky_text
+        lines.append(f"FLAKY: its case {flaky_text(f)}, so it is no case to paste (nondeterminism in ggml, or "
+                     "state the case does not set); the case it failed with:")
+    else:
+        lines.append("shrunk case (paste under `cases:` of a case file):")
     lines.extend("  " + line for line in body.splitlines())
     return "\n".join(lines)
 

@@ -33,7 +33,9 @@ class CaseFile(pytest.File):
         from pytest_gradgate.gate.selection import is_builtin
         state = state_of(self.config)
         tf32 = precision.parse_backends(state.settings["tf32"])
-        loaded, errors = load_file_remembered(self.path, state.backends, builtin=is_builtin(self.path))
+        from pytest_gradgate.gate.declared_ops import hook_prototypes
+        loaded, errors = load_file_remembered(self.path, state.backends, builtin=is_builtin(self.path),
+                                              declared_ops=hook_prototypes(self.config))
         mode = state.settings["mode"]   # --gradgate-mode overrides every case's own mode
         loaded = _without_missing_ops(loaded, errors, state, self.path)
         for entry in loaded:

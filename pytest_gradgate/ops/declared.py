@@ -102,6 +102,29 @@ def parse_prototype(name, text):
     return Declared(name, decls[0].name, tuple(tensors), tuple(scalars), text.strip())
 
 
+def check_ranges(declared, ranges):
+    """An op's `ranges:` (scalar argument -> [lo, hi], where explore draws its values) -> the
+    ranges as {name: (lo, hi)}, or CaseError saying what is wrong."""
+    if ranges is None:
+        return {}
+    kinds = {n: SCALARS[t][0] for n, t in declared.scalars}
+    if not isinstance(ranges, dict):
+        raise CaseError(f"op '{declared.name}': 'ranges' must map scalar arguments to [lo, hi]")
+    out = {}
+    for arg, bounds in ranges.items():
+        if arg not in kinds or kinds[arg] is bool:
+            raise CaseError(f"op '{declared.name}': 'ranges' names {arg!r}, which is no int or float argument of "
+                            f"{declared.symbol} (those are: {', '.join(n for n, k in kinds.items() if k is not bool)})")
+        if (not isinstance(bounds, list) or len(bounds) != 2
+                or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
+                or bounds[0] > bounds[1]):
+            raise CaseError(f"op '{declared.name}': range of {arg!r} must be [lo, hi] with lo <= hi, got {bounds!r}")
+        if kinds[arg] is int and not all(isinstance(b, int) for b in bounds):
+            raise CaseError(f"op '{declared.name}': {arg!r} is an int argument; its range must be two integers")
+        out[arg] = tuple(bounds)
+    return out
+
+
 def spec_of(declared, functions):
     """The OpSpec a graph expression binds: shape None (ggml's to say); `functions(g)` gives the
     cffi library that holds the declared functions for g's library."""
