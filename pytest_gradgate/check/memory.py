@@ -25,15 +25,20 @@ class Finding:
 
 def describe(g, t):
     """'ROPE output f32 [7, 2, 3, 1]' or "param 'a' f32 [7, 2, 3, 1]": a tensor as a person finds it."""
-    lib, ffi = g.lib, g.ffi
-    ne, _ = g.layout(t)
-    name = ffi.string(lib.gg_tensor_name(t)).decode(errors="replace")
-    op = ffi.string(lib.gg_tensor_op_name(t)).decode()
-    kind = "f32" if lib.gg_tensor_is_f32(t) else "i32"
-    shape = f"{kind} {list(ne)}"
+    name, shape = _name(g, t), _type_and_shape(g, t)
+    op = g.ffi.string(g.lib.gg_tensor_op_name(t)).decode()
     if op == "NONE":
         return f"tensor '{name}' {shape}" if name else f"a leaf tensor {shape}"
     return f"the {op} node's output{f' {name!r}' if name else ''} {shape}"
+
+
+def _name(g, t):
+    return g.ffi.string(g.lib.gg_tensor_name(t)).decode(errors="replace")
+
+
+def _type_and_shape(g, t):
+    ne, _ = g.layout(t)
+    return f"{'f32' if g.lib.gg_tensor_is_f32(t) else 'i32'} {list(ne)}"
 
 
 def guard_breach(g, session, graph, during):
@@ -65,9 +70,8 @@ def guard_breach(g, session, graph, during):
 
 
 def _shape_of(g, t):
-    ne, _ = g.layout(t)
-    name = g.ffi.string(g.lib.gg_tensor_name(t)).decode(errors="replace")
-    return f"{name + ' ' if name else ''}{'f32' if g.lib.gg_tensor_is_f32(t) else 'i32'} {list(ne)}"
+    name = _name(g, t)
+    return f"{name + ' ' if name else ''}{_type_and_shape(g, t)}"
 
 
 def _replay(g, session, graph):

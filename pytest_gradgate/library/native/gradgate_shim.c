@@ -353,18 +353,12 @@ int gg_session_guard_replay(struct gg_session * s, struct ggml_cgraph * g) {
     return -1;
 }
 
-static int gg_is_guarded(struct gg_session * s, const struct ggml_tensor * t) {
-    for (int k = 0; k < s->n_guarded; k++) {
-        if (s->guarded[k] == t) return 1;
-    }
-    return 0;
-}
-
 int gg_session_unwritten(struct gg_session * s, struct ggml_cgraph * g, int64_t * n_unwritten, int64_t * first) {
     for (int i = 0; i < ggml_graph_n_nodes(g); i++) {
         struct ggml_tensor * t = ggml_graph_node(g, i);
-        // a node that owns its memory; a view's elements are its owner's, checked as the owner
-        if (t->view_src != NULL || t->type != GGML_TYPE_F32 || t->op == GGML_OP_NONE || !gg_is_guarded(s, t)) {
+        // a node that owns its memory in this session's buffer (gg_session_alloc guarded every
+        // such tensor); a view's elements are its owner's, checked as the owner
+        if (t->view_src != NULL || t->type != GGML_TYPE_F32 || t->op == GGML_OP_NONE || t->buffer != s->buffer) {
             continue;
         }
         const size_t nbytes = ggml_nbytes(t);
