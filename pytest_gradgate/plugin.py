@@ -164,7 +164,8 @@ def pytest_report_header(config):
     lines = [f"gradgate: ggml from {state.source.label}; {state.settings['build_type']} build for "
              f"{', '.join(state.backends)}" + (f" with -fsanitize={sanitize} (--gradgate-sanitize)" if sanitize else "")
              + ", made or found when the first case runs",
-             f"gradgate: isolate={state.settings['isolate']}" + _no_fork_note(state) + _jobs_note(state)]
+             f"gradgate: isolate={state.settings['isolate']}" + _no_fork_note(state) + _jobs_note(state),
+             f"gradgate: alloc={state.settings['alloc']}: " + _ALLOC_NOTES[state.settings['alloc']]]
     if state.reference is not None:
         lines.append(f"gradgate: parity against the reference ggml from {state.reference.source.label} "
                      "(--gradgate-reference-src): analytic gradients only, no finite differences")
@@ -178,6 +179,16 @@ def pytest_report_header(config):
     if state.baseline_note:
         lines.append(f"gradgate: {state.baseline_note}")
     return lines
+
+
+_ALLOC_NOTES = {
+    "all": "each backward also runs laid out by ggml's graph allocator and with each in-place alias forced "
+           "(--gradgate-alloc)",
+    "graph": "each backward also runs laid out by ggml's graph allocator (--gradgate-alloc)",
+    "forced": "each backward also runs with each in-place alias forced (--gradgate-alloc)",
+    "own": "each backward runs in memory of its own only; training's in-place aliases are not checked "
+           "(--gradgate-alloc)",
+}
 
 
 def _jobs_note(state):

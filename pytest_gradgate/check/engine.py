@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from pytest_gradgate.library import binding
-from pytest_gradgate.check import alone, determinism, directional, lanes, memory, metrics, power, reliability, selfcheck
+from pytest_gradgate.check import alone, determinism, directional, lanes, memory, metrics, power, regimes, reliability, selfcheck
 from pytest_gradgate.ops.consumers import CONSUMERS, check_consumer
 from pytest_gradgate.ops.producers import laid_out_params
 from pytest_gradgate.declare.expr import main_op, ops_used, parse_graph
@@ -238,7 +238,20 @@ def run_case(case, lib, phase=lambda name: None):
         _compare(result, case, checks, predictions, shapes, laid_out)
         result.loss_value = loss_value
         if varies is not None:
+            # a backward whose gradients change from run to run cannot be compared across layouts
             _nondeterministic(result, case, varies, checks)
+            return result.finish(result.status, Phase.DONE, started=started)
+        if result.status == Status.FAILED:
+            # a backward already wrong in memory of its own may read memory it does not own, whose
+            # contents change with the layout: a difference between layouts would blame no alias
+            return result.finish(result.status, Phase.DONE, started=started)
+        # last: the regimes lay the graph's tensors out again, so nothing of own memory is read after
+        enter(Phase.ALLOCATION)
+        runs, alias = regimes.check(g, session, gb, case, params, grads, loss, analytic, shapes)
+        result.alloc = [run.to_dict(g, gb) for run in runs]
+        if alias is not None:
+            _alias_failure(result, case, alias)
+            return result.finish(result.status, Phase.ALLOCATION, started=started)
         return result.finish(result.status, Phase.DONE, started=started)
     finally:
         enter(None)
@@ -256,6 +269,18 @@ def _memory_failure(result, case, finding, phase, started):
     result.diagnosis = finding.text
     result.message = f"{case.id}: {finding.summary}"
     return result.finish(Status.FAILED, phase, started=started)
+
+
+def _alias_failure(result, case, alias):
+    """Wrong in training's memory: the case fails whatever memory of its own gave, and says what
+    that gave."""
+    text = alias.text
+    if result.status != Status.PASSED and result.diagnosis:
+        text += f"; in memory of its own, against the finite differences, this run {result.status}: {result.diagnosis}"
+    elif result.status == Status.PASSED:
+        text += "; in memory of its own the gradients passed the finite differences"
+    result.status, result.kind, result.culprit, result.diagnosis = Status.FAILED, Diagnosis.ALIAS, alias.culprit, text
+    result.message = f"{case.id}: {alias.summary}"
 
 
 def _determinism(lib, session, gb, case, analytic, gradients):

@@ -50,6 +50,8 @@ class Phase(_Word):
     COMPUTE = "compute"
     NUMERIC = "numeric"
     COMPARE = "compare"
+    # the backward again in training's memory (check/regimes.py): ggml's graph allocator, forced aliases
+    ALLOCATION = "allocation"
     DONE = "done"                   # got through compare
     UNKNOWN = "unknown"             # the worker died while its child ran the case: where it was is lost
 
@@ -66,6 +68,9 @@ class Diagnosis(_Word):
     OUT_OF_BOUNDS_WRITE = "out-of-bounds-write"   # a guard zone beside a tensor changed
     UNWRITTEN = "unwritten-elements"      # a kernel left elements of its output unwritten
     NONDETERMINISTIC = "nondeterministic"  # two runs (thread counts) of the backward disagree
+    # the gradients change when an op's output lies over one of its sources, as training's graph
+    # allocator lays it (check/regimes.py): the kernel reads that source after writing there
+    ALIAS = "alias"
     DISAGREE = "disagree"                 # none of the above
     FORWARD_DIFFERS = "forward-differs"   # equivalence: the formulations' outputs differ; no gradient claim
     NONFINITE_BACKWARD = "nonfinite-backward"

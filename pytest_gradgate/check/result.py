@@ -50,6 +50,8 @@ class Result:
     forward: list = field(default_factory=list)
     nmse: float = None
     threads: int = 1                 # CPU threads the analytic backward ran on
+    # the allocation regimes the backward also ran in (check/regimes.py): [{regime, agrees, aliases}]
+    alloc: list = field(default_factory=list)
     # isolate=case: the cases this one's child ran before it (each passed); every verdict
     # other than passed is a fresh child's, 0 (isolation/worker.py)
     earlier_in_child: int = 0

@@ -49,6 +49,8 @@ class Case:
     directions: int = 6                 # fast mode: how many directions
     timeout: float = 0.0                # seconds; 0 = sized from the case by the runner
     threads: int = DEFAULT_THREADS      # CPU threads of the analytic backward (forwards: one)
+    # the memory the backward also runs in besides its own (check/regimes.py, --gradgate-alloc)
+    alloc: str = "all"
     builtin: bool = False               # from the built-in suite (no backward -> skip, not fail)
     origin: dict = field(default_factory=dict)   # {"path": ..., "line": ...}, for reports only
     # an equivalence case (mode "equivalence"): formulation name -> graph, compared with each

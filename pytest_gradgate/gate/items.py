@@ -47,6 +47,8 @@ class CaseFile(pytest.File):
             # (not an equivalence case's: it compares formulations, it has no finite differences to switch)
             cases = [dataclasses.replace(c, mode=mode) if mode and c.mode != mode and not c.equivalent else c
                      for c in entry.cases]
+            alloc = state.settings["alloc"]     # --gradgate-alloc: the regimes every case runs in
+            cases = [c if c.alloc == alloc else dataclasses.replace(c, alloc=alloc) for c in cases]
             # the precision of each backend's matmuls, for the limits of analytic comparisons
             cases = [c if c.matmul_precision == precision.matmul_precision(c.backend, tf32) else
                      dataclasses.replace(c, matmul_precision=precision.matmul_precision(c.backend, tf32))

@@ -60,6 +60,30 @@ void gg_tensor_write(struct ggml_tensor * t, const void * data, size_t offset, s
 void gg_tensor_read(const struct ggml_tensor * t, void * data, size_t offset, size_t size);
 int gg_backend_count_gpu(void);
 
+/* Allocation regimes (check/regimes.py): the backward graph in the memory training gives it.
+ * gg_ctx_detach: every tensor of ctx forgets its memory, so that its graphs can be laid out again
+ * (by the next gg_session_alloc* of a session; the memory the tensors had stays the session's
+ * until then). gg_session_alloc_graph: g laid out as ggml-opt lays a training step: the statics
+ * (params, the loss's gradient accumulator) in a buffer of their own, the outputs flagged so, the
+ * other leaves flagged as inputs, everything else by ggml's graph allocator
+ * (ggml_gallocr_alloc_graph) with its in-place reuse. gg_graph_alias_candidates: the index of
+ * every node of g that ggml's allocator may run in place (ggml_op_can_inplace) whose src `which`
+ * it could legally write its output over: same layout, memory of its own (no view, no param), no
+ * tensor in keep lies in it, and nothing after the node reads it; returns their count.
+ * gg_session_alloc_aliased: gg_session_alloc (guard zones and all) with node nodes[k]'s output
+ * laid over its src srcs[k], in graph order. gg_graph_aliases: after an allocation, the nodes of
+ * g whose output shares its address with one of their sources, and that source's index. */
+void gg_ctx_detach(struct ggml_context * ctx);
+int gg_op_can_inplace(const struct ggml_tensor * t);
+int gg_session_alloc_graph(struct gg_session * s, struct ggml_context * ctx, struct ggml_cgraph * g,
+                           struct ggml_tensor ** statics, int n_statics, struct ggml_tensor ** outputs, int n_outputs);
+int gg_graph_alias_candidates(struct ggml_cgraph * g, int which, struct ggml_tensor ** keep, int n_keep, int * nodes,
+                              int max);
+int gg_session_alloc_aliased(struct gg_session * s, struct ggml_context * ctx, struct ggml_cgraph * g, const int * nodes,
+                             const int * srcs, int n);
+int gg_graph_aliases(struct ggml_cgraph * g, int * nodes, int * srcs, int max);
+struct ggml_tensor * gg_tensor_src(const struct ggml_tensor * t, int j);
+
 /* The hot loops: perturb one parameter, run the forward graph, read the loss.
  * Elements are visited in logical order (i0 fastest) through the tensor's strides.
  *

@@ -14,7 +14,7 @@
 
 #include "gradgate.h"
 
-#define GG_ABI_VERSION 4
+#define GG_ABI_VERSION 5
 
 int gg_abi_version(void) { return GG_ABI_VERSION; }
 
@@ -90,9 +90,14 @@ struct gg_session {
     // one node at a time (gg_session_guard_replay)
     struct ggml_context * one_ctx;
     struct ggml_cgraph * one;
+    // the allocation regimes (gg_session_alloc_graph): the static tensors' buffer, and ggml's
+    // graph allocator, which owns the buffer of everything else
+    ggml_backend_buffer_t static_buffer;
+    ggml_gallocr_t galloc;
 };
 
 static void gg_guards_free(struct gg_session * s);
+static void gg_regime_free(struct gg_session * s);
 
 int gg_backend_count_gpu(void) {
     int n = 0;
@@ -140,10 +145,7 @@ void gg_session_free(struct gg_session * s) {
     if (!s) {
         return;
     }
-    if (s->buffer) {
-        ggml_backend_buffer_free(s->buffer);
-    }
-    gg_guards_free(s);
+    gg_regime_free(s);
     if (s->one_ctx) {
         ggml_free(s->one_ctx);
     }
@@ -230,20 +232,53 @@ static size_t gg_pad(size_t n, size_t align) { return (n + align - 1) / align * 
 
 static int gg_owns_memory(const struct ggml_tensor * t) { return t->data == NULL && t->view_src == NULL; }
 
-int gg_session_alloc(struct gg_session * s, struct ggml_context * ctx) {
+// Everything a session allocated for a context: its own-memory buffer and guard zones, or a
+// regime's static buffer and graph allocator.
+static void gg_regime_free(struct gg_session * s) {
     if (s->buffer) {
         ggml_backend_buffer_free(s->buffer);
         s->buffer = NULL;
     }
     gg_guards_free(s);
+    if (s->galloc) {
+        ggml_gallocr_free(s->galloc);
+        s->galloc = NULL;
+    }
+    if (s->static_buffer) {
+        ggml_backend_buffer_free(s->static_buffer);
+        s->static_buffer = NULL;
+    }
     s->planned = NULL;   // a plan is for a graph of the context allocated before
+}
+
+// the tensor whose memory node k of an alias plan takes (NULL: t owns memory of its own)
+static struct ggml_tensor * gg_alias_target(struct ggml_tensor * t, struct ggml_tensor * const * nodes,
+                                            struct ggml_tensor * const * targets, int n) {
+    for (int k = 0; k < n; k++) {
+        if (nodes[k] == t) {
+            return targets[k];
+        }
+    }
+    return NULL;
+}
+
+static int gg_session_alloc_impl(struct gg_session * s, struct ggml_context * ctx, struct ggml_tensor * const * alias_nodes,
+                                 struct ggml_tensor * const * alias_targets, int n_alias);
+
+int gg_session_alloc(struct gg_session * s, struct ggml_context * ctx) {
+    return gg_session_alloc_impl(s, ctx, NULL, NULL, 0);
+}
+
+static int gg_session_alloc_impl(struct gg_session * s, struct ggml_context * ctx, struct ggml_tensor * const * alias_nodes,
+                                 struct ggml_tensor * const * alias_targets, int n_alias) {
+    gg_regime_free(s);
     ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(s->backend);
     const size_t align = ggml_backend_buft_get_alignment(buft);
     s->guard_bytes = gg_pad(GG_GUARD_BYTES, align);
     int n = 0;
     size_t size = 0;
     for (struct ggml_tensor * t = ggml_get_first_tensor(ctx); t; t = ggml_get_next_tensor(ctx, t)) {
-        if (gg_owns_memory(t)) {
+        if (gg_owns_memory(t) && !gg_alias_target(t, alias_nodes, alias_targets, n_alias)) {
             n++;
             size += gg_pad(2 * s->guard_bytes + ggml_backend_buft_get_alloc_size(buft, t), align);
         }
@@ -264,7 +299,7 @@ int gg_session_alloc(struct gg_session * s, struct ggml_context * ctx) {
     ggml_backend_buffer_clear(s->buffer, GG_UNWRITTEN_BYTE);
     char * at = (char *) ggml_backend_buffer_get_base(s->buffer);
     for (struct ggml_tensor * t = ggml_get_first_tensor(ctx); t; t = ggml_get_next_tensor(ctx, t)) {
-        if (!gg_owns_memory(t)) {
+        if (!gg_owns_memory(t) || gg_alias_target(t, alias_nodes, alias_targets, n_alias)) {
             continue;
         }
         const int k = s->n_guarded++;
@@ -278,6 +313,14 @@ int gg_session_alloc(struct gg_session * s, struct ggml_context * ctx) {
         ggml_backend_tensor_alloc(s->buffer, t, at + s->guard_bytes);
         ggml_backend_tensor_alloc(s->buffer, s->guard_after[k], at + s->guard_bytes + data_size);
         at += gg_pad(2 * s->guard_bytes + data_size, align);
+    }
+    // in the plan's order (graph order), so that a node laid over a node laid over a third finds
+    // its target's memory already placed
+    for (int k = 0; k < n_alias; k++) {
+        if (alias_targets[k]->data == NULL) {
+            return 0;
+        }
+        ggml_backend_tensor_alloc(s->buffer, alias_nodes[k], alias_targets[k]->data);
     }
     for (struct ggml_tensor * t = ggml_get_first_tensor(ctx); t; t = ggml_get_next_tensor(ctx, t)) {
         if (t->data == NULL && t->view_src != NULL) {
@@ -383,7 +426,173 @@ int gg_session_unwritten(struct gg_session * s, struct ggml_cgraph * g, int64_t 
     return -1;
 }
 
+// ---- allocation regimes (check/regimes.py) -------------------------------------------------
+// Training lays the backward out with ggml's graph allocator, which lets an op write its output
+// over a source whose last use it is. A kernel that writes its output before it has read all of
+// that source is right in memory of its own and wrong there.
+
+void gg_ctx_detach(struct ggml_context * ctx) {
+    for (struct ggml_tensor * t = ggml_get_first_tensor(ctx); t; t = ggml_get_next_tensor(ctx, t)) {
+        t->data = NULL;
+        t->buffer = NULL;
+    }
+}
+
+// ggml-alloc's own list of ops it may run in place (exported by ggml-base since 2025); a tree
+// without the symbol gets the list of ggml 0.15.3
+bool ggml_op_can_inplace(enum ggml_op op) __attribute__((weak));
+
+static int gg_can_inplace(enum ggml_op op) {
+    if (ggml_op_can_inplace) {
+        return ggml_op_can_inplace(op);
+    }
+    switch (op) {
+        case GGML_OP_SCALE: case GGML_OP_DIAG_MASK_ZERO: case GGML_OP_DIAG_MASK_INF: case GGML_OP_ADD:
+        case GGML_OP_ADD1: case GGML_OP_SUB: case GGML_OP_MUL: case GGML_OP_DIV: case GGML_OP_SQR:
+        case GGML_OP_SQRT: case GGML_OP_LOG: case GGML_OP_UNARY: case GGML_OP_ROPE: case GGML_OP_ROPE_BACK:
+        case GGML_OP_SILU_BACK: case GGML_OP_RMS_NORM: case GGML_OP_RMS_NORM_BACK: case GGML_OP_SOFT_MAX:
+        case GGML_OP_SOFT_MAX_BACK:
+            return 1;
+        default:
+            return 0;
+    }
+}
+
+int gg_op_can_inplace(const struct ggml_tensor * t) { return gg_can_inplace(t->op); }
+
+static struct ggml_tensor * gg_root(struct ggml_tensor * t) {
+    while (t->view_src) {
+        t = t->view_src;
+    }
+    return t;
+}
+
+// ggml_are_same_layout (ggml-impl.h, not a public header): what ggml-alloc asks of an in-place pair
+static int gg_same_layout(const struct ggml_tensor * a, const struct ggml_tensor * b) {
+    if (a->type != b->type) {
+        return 0;
+    }
+    for (int i = 0; i < GGML_MAX_DIMS; i++) {
+        if (a->ne[i] != b->ne[i] || a->nb[i] != b->nb[i]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int gg_graph_alias_candidates(struct ggml_cgraph * g, int which, struct ggml_tensor ** keep, int n_keep, int * nodes,
+                              int max) {
+    if (which < 0 || which >= GGML_MAX_SRC) {
+        return 0;
+    }
+    const int n = ggml_graph_n_nodes(g);
+    int count = 0;
+    for (int i = 0; i < n && count < max; i++) {
+        struct ggml_tensor * node = ggml_graph_node(g, i);
+        struct ggml_tensor * src = node->src[which];
+        if (node->view_src || node->op == GGML_OP_NONE || !gg_can_inplace(node->op) || !src || src->view_src ||
+            (src->flags & GGML_TENSOR_FLAG_PARAM) || !gg_same_layout(node, src)) {
+            continue;
+        }
+        int legal = 1;
+        for (int k = 0; k < n_keep && legal; k++) {
+            legal = keep[k] == NULL || gg_root(keep[k]) != src;        // read after the compute
+        }
+        for (int j = 0; j < GGML_MAX_SRC && legal; j++) {
+            // another source that is a view into src: the kernel reads src's memory through it
+            struct ggml_tensor * other = node->src[j];
+            legal = j == which || !other || other == src || gg_root(other) != src;
+        }
+        for (int m = i + 1; m < n && legal; m++) {
+            struct ggml_tensor * later = ggml_graph_node(g, m);
+            legal = gg_root(later) != src;
+            for (int j = 0; j < GGML_MAX_SRC && legal; j++) {
+                legal = !later->src[j] || gg_root(later->src[j]) != src;
+            }
+        }
+        if (legal) {
+            nodes[count++] = i;
+        }
+    }
+    return count;
+}
+
+int gg_session_alloc_aliased(struct gg_session * s, struct ggml_context * ctx, struct ggml_cgraph * g, const int * nodes,
+                             const int * srcs, int n) {
+    struct ggml_tensor ** pairs = calloc(2 * (size_t) (n > 0 ? n : 1), sizeof(*pairs));
+    if (!pairs) {
+        return 0;
+    }
+    int ok = 1;
+    for (int k = 0; k < n && ok; k++) {
+        ok = nodes[k] >= 0 && nodes[k] < ggml_graph_n_nodes(g) && srcs[k] >= 0 && srcs[k] < GGML_MAX_SRC;
+        if (ok) {
+            pairs[k] = ggml_graph_node(g, nodes[k]);
+            pairs[n + k] = pairs[k]->src[srcs[k]];
+            ok = pairs[n + k] && !pairs[k]->view_src && !pairs[n + k]->view_src && gg_same_layout(pairs[k], pairs[n + k]);
+        }
+    }
+    ok = ok && gg_session_alloc_impl(s, ctx, pairs, pairs + n, n);
+    free(pairs);
+    return ok;
+}
+
+int gg_session_alloc_graph(struct gg_session * s, struct ggml_context * ctx, struct ggml_cgraph * g,
+                           struct ggml_tensor ** statics, int n_statics, struct ggml_tensor ** outputs, int n_outputs) {
+    gg_regime_free(s);
+    ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(s->backend);
+    const size_t align = ggml_backend_buft_get_alignment(buft);
+    size_t size = align;
+    for (int k = 0; k < n_statics; k++) {
+        size += gg_pad(ggml_backend_buft_get_alloc_size(buft, statics[k]), align);
+    }
+    s->static_buffer = ggml_backend_buft_alloc_buffer(buft, size);
+    if (!s->static_buffer) {
+        return 0;
+    }
+    struct ggml_tallocr talloc = ggml_tallocr_new(s->static_buffer);
+    for (int k = 0; k < n_statics; k++) {
+        if (statics[k]->data == NULL && ggml_tallocr_alloc(&talloc, statics[k]) != GGML_STATUS_SUCCESS) {
+            return 0;
+        }
+    }
+    for (int k = 0; k < n_outputs; k++) {
+        ggml_set_output(outputs[k]);
+    }
+    // the other leaves are a training step's inputs: set each step, laid out by the allocator
+    for (struct ggml_tensor * t = ggml_get_first_tensor(ctx); t; t = ggml_get_next_tensor(ctx, t)) {
+        if (t->op == GGML_OP_NONE && t->data == NULL && t->view_src == NULL) {
+            ggml_set_input(t);
+        }
+    }
+    s->galloc = ggml_gallocr_new(buft);
+    return s->galloc != NULL && ggml_gallocr_alloc_graph(s->galloc, g);
+}
+
+int gg_graph_aliases(struct ggml_cgraph * g, int * nodes, int * srcs, int max) {
+    int count = 0;
+    for (int i = 0; i < ggml_graph_n_nodes(g) && count < max; i++) {
+        struct ggml_tensor * node = ggml_graph_node(g, i);
+        if (node->view_src || node->op == GGML_OP_NONE || node->data == NULL) {
+            continue;
+        }
+        for (int j = 0; j < GGML_MAX_SRC; j++) {
+            if (node->src[j] && node->src[j]->data == node->data) {
+                nodes[count] = i;
+                srcs[count] = j;
+                count++;
+                break;
+            }
+        }
+    }
+    return count;
+}
+
 struct ggml_tensor * gg_graph_node(struct ggml_cgraph * g, int i) { return ggml_graph_node(g, i); }
+
+struct ggml_tensor * gg_tensor_src(const struct ggml_tensor * t, int j) {
+    return j >= 0 && j < GGML_MAX_SRC ? t->src[j] : NULL;
+}
 
 const char * gg_tensor_name(const struct ggml_tensor * t) { return ggml_get_name(t); }
 

@@ -1,0 +1,176 @@
+"""Allocation regimes: the case's backward run again in the memory that training gives it.
+
+The engine computes a case's backward with every tensor in memory of its own (the guard zones,
+the unwritten elements and the determinism check need that). Training does not: ggml-opt lays a
+step out with ggml's graph allocator (ggml-alloc), which lets an op that `ggml_op_can_inplace`
+write its output over a source whose last use it is. A kernel that writes its output before it
+has read all of that source is right in the first memory and wrong in the second (SOFT_MAX_BACK
+over its softmax output under a residual; RMS_NORM_BACK before ggml #1491).
+
+Regimes, each the same backward graph (same nodes, same values) laid out again:
+- `graph`: as ggml-opt lays out a training step: params and the loss's gradient accumulator in
+  a static buffer, the param gradients and the loss flagged outputs, the other leaves inputs,
+  everything else by ggml's own graph allocator (`ggml_gallocr_alloc_graph`).
+- `forced-srcJ`: which source the allocator picks depends on the graph around a node (src0 unless
+  it is still needed or an output). So that a small case meets every alias a training graph could
+  give it, each in-place-capable node's output is laid over its src J wherever that is legal (the
+  same layout, memory of its own, no output in it, nothing after the node reads it), one J at a
+  time, everything else in memory of its own.
+
+The forward's own in-place ops are laid out by the same plans: the backward graph holds the
+forward's nodes, and a forward node's memory is taken only after its last read, backward
+included, as the allocator does for a training step.
+
+A regime's gradients are compared with those of memory of its own (which the finite differences
+checked): an alias changes no arithmetic, so a right kernel gives the same bits, and any
+difference beyond roundoff is the alias's doing. The alias is then named by laying each of the
+regime's aliases alone, every other tensor in memory of its own: the one that reproduces the
+difference is a kernel that reads a source after it has written its output there.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pytest_gradgate.check import determinism
+from pytest_gradgate.check.ggml_graph import read_tensor, write_tensor
+from pytest_gradgate.check.metrics import ggml_index
+from pytest_gradgate.check.memory import describe
+from pytest_gradgate.check.outcome import Diagnosis
+
+# --gradgate-alloc: which regimes besides memory of its own
+SELECTIONS = {"all": ("graph", "forced"), "graph": ("graph",), "forced": ("forced",), "own": ()}
+# ggml ops have at most 3 sources an in-place op could lie over with the same layout (ROPE's
+# third is its freq factors, SOFT_MAX's its sinks)
+FORCED_SOURCES = (0, 1, 2)
+MAX_NODES = 4096
+
+
+@dataclass
+class Run:
+    regime: str             # "graph", "forced-src1"
+    aliases: list           # [(node index, src index)] the layout gave
+    differs: dict           # determinism.differences(own, this regime's); empty when they agree
+    got: dict               # param name -> this regime's gradient
+
+    def to_dict(self, g, gb):
+        return {"regime": self.regime, "agrees": not self.differs,
+                "aliases": [{"node": i, "op": _op(g, gb, i), "src": j} for i, j in self.aliases]}
+
+
+@dataclass
+class Failure:
+    text: str
+    summary: str
+    culprit: str            # the op at fault, when one alias alone reproduces it ("" otherwise)
+
+
+def check(g, session, gb, case, params, grads, loss, own, shapes):
+    """Run the backward gb in each selected regime -> ([Run], Failure or None). `grads`: param
+    name -> its gradient tensor in gb; `own`: param name -> the gradient computed in memory of its
+    own; `shapes`: param name -> ne. The tensors of g.ctx lose their own memory: call this after
+    everything else is read."""
+    selected = SELECTIONS[case.alloc]
+    if not selected:
+        return [], None
+    lib, ffi = g.lib, g.ffi
+    statics = list(params.values())
+    loss_acc = lib.ggml_graph_get_grad_acc(gb, loss)
+    if loss_acc != ffi.NULL:
+        statics.append(loss_acc)
+    outputs = [t for t in grads.values() if t != ffi.NULL] + [loss]
+    runs = []
+
+    def computed(allocate):
+        lib.gg_ctx_detach(g.ctx)
+        if not allocate():
+            raise RuntimeError("could not lay out the backward graph in an allocation regime")
+        for t, values in g.values:
+            write_tensor(g, t, values)
+        lib.ggml_graph_reset(gb)
+        status = lib.gg_session_compute(session, gb)
+        if status != 0:
+            raise RuntimeError(f"backward compute failed in an allocation regime (ggml_status {status})")
+        return {name: read_tensor(g, t) if t != ffi.NULL else own[name] for name, t in grads.items()}
+
+    if "graph" in selected:
+        got = computed(lambda: lib.gg_session_alloc_graph(session, g.ctx, gb, ffi.new("struct ggml_tensor *[]", statics),
+                                                          len(statics), ffi.new("struct ggml_tensor *[]", outputs),
+                                                          len(outputs)))
+        runs.append(Run("graph", _aliases(lib, ffi, gb), determinism.differences(own, got), got))
+    if "forced" in selected:
+        seen = {tuple(r.aliases) for r in runs}
+        keep = ffi.new("struct ggml_tensor *[]", outputs)
+        for j in FORCED_SOURCES:
+            nodes = ffi.new("int[]", MAX_NODES)
+            n = lib.gg_graph_alias_candidates(gb, j, keep, len(outputs), nodes, MAX_NODES)
+            plan = [(nodes[k], j) for k in range(n)]
+            if not plan or tuple(plan) in seen:
+                continue        # no alias, or exactly the layout of a regime already run
+            seen.add(tuple(plan))
+            got = computed(lambda: _alloc_aliased(lib, ffi, session, g.ctx, gb, plan))
+            runs.append(Run(f"forced-src{j}", plan, determinism.differences(own, got), got))
+    failing = next((r for r in runs if r.differs), None)
+    if failing is None:
+        return runs, None
+    culprit = None
+    for alias in failing.aliases:
+        alone = computed(lambda: _alloc_aliased(lib, ffi, session, g.ctx, gb, [alias]))
+        differs = determinism.differences(own, alone)
+        if differs:
+            culprit = alias, differs, alone
+            break
+    return runs, _failure(g, gb, failing, culprit, own, shapes)
+
+
+def _alloc_aliased(lib, ffi, session, ctx, gb, plan):
+    return lib.gg_session_alloc_aliased(session, ctx, gb, ffi.new("int[]", [i for i, _ in plan]),
+                                        ffi.new("int[]", [j for _, j in plan]), len(plan))
+
+
+def _aliases(lib, ffi, gb):
+    nodes, srcs = ffi.new("int[]", MAX_NODES), ffi.new("int[]", MAX_NODES)
+    n = lib.gg_graph_aliases(gb, nodes, srcs, MAX_NODES)
+    return [(nodes[k], srcs[k]) for k in range(n)]
+
+
+def _op(g, gb, i):
+    return g.ffi.string(g.lib.gg_tensor_op_name(g.lib.gg_graph_node(gb, i))).decode()
+
+
+def describe_regime(regime):
+    if regime == "graph":
+        return "the graph regime (ggml's graph allocator with its in-place reuse, as ggml-opt lays out a training step)"
+    return (f"the {regime} regime (every in-place-capable node's output laid over its src{regime[-1]} where that is "
+            "legal, every other tensor in memory of its own)")
+
+
+def _difference_text(differs, own, got, shapes):
+    name, (count, i, a, b) = next(iter(differs.items()))
+    return (f"{name}'s gradient differs from the one computed with every tensor in memory of its own at {count} of "
+            f"{own[name].size} elements, e.g. at {ggml_index(i, list(shapes[name]))}: {b:.6g} against {a:.6g} "
+            f"(cosine {_cosine(got[name], own[name]):.2f} to it)")
+
+
+def _cosine(a, b):
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    return float(np.dot(a, b) / (na * nb)) if na > 0 and nb > 0 else float("nan")
+
+
+def _failure(g, gb, failing, culprit, own, shapes):
+    regime_text = describe_regime(failing.regime)
+    diff = _difference_text(failing.differs, own, failing.got, shapes)
+    if culprit is None:
+        listed = ", ".join(f"{_op(g, gb, i)} (node {i}) over its src{j}" for i, j in failing.aliases)
+        text = (f"wrong in training's memory: in {regime_text}, {diff}; laid alone, none of the regime's aliases "
+                f"({listed}) changes the gradients, so no node is named (the aliases change them together)")
+        return Failure(text, f"the gradients change in the {failing.regime} allocation regime", "")
+    (i, j), differs, got_alone = culprit
+    src = g.lib.gg_tensor_src(g.lib.gg_graph_node(gb, i), j)
+    op = _op(g, gb, i)
+    alone = _difference_text(differs, own, got_alone, shapes)
+    alone = "the same difference" if alone == diff else alone
+    text = (f"alias: {op} (node {i} of the backward graph) wrote its output over its src{j}, {describe(g, src)}, "
+            f"which it reads afterwards. In {regime_text}, {diff}; that alias alone, every other tensor in memory of "
+            f"its own, gives {alone}")
+    return Failure(text, f"{op} (node {i}) wrote its output over its src{j}, which it reads afterwards", op)
