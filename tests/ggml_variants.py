@@ -326,9 +326,45 @@ _WALK_SCALE_TASKS = ("        case GGML_OP_OPT_STEP_ADAMW:\n        case GGML_OP
                      "        case GGML_OP_WALK_SCALE: // pytest-gradgate's walk-scale variant\n"
                      "        case GGML_OP_OPT_STEP_ADAMW:\n        case GGML_OP_OPT_STEP_SGD:\n            {\n                n_tasks = n_threads;")
 
-VARIANTS = tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "heap-overflow", "unwritten", "race",
+# Variants for the allocation regimes (check/regimes.py, tests/test_regimes.py).
+# "silu-back-overwrites": the CPU SILU_BACK kernel first copies dy into dx, then multiplies dx by
+# silu'(x), reading x after dx is written: right in memory of its own (and with dx over dy, its
+# src0), wrong when the allocator lays dx over x, its src1, as the upstream SOFT_MAX_BACK is.
+SILU_BACK_CALL = (THREAD_BOUNDARY_ANCHOR
+                  + "                (float *) ((char *) dst->data  + i1*( dst->nb[1])),\n"
+                  + "                (float *) ((char *) src1->data + i1*(src1->nb[1])),\n"
+                  + "                (float *) ((char *) grad->data + i1*(grad->nb[1])));\n")
+_SILU_BACK_OVERWRITES_CODE = """\
+    for (int i1 = ir0; i1 < ir1; i1++) {
+        { // pytest-gradgate's silu-back-overwrites test variant
+            float * dx = (float *) ((char *) dst->data + i1*dst->nb[1]);
+            const float * x = (const float *) ((char *) src1->data + i1*src1->nb[1]);
+            const float * dy = (const float *) ((char *) grad->data + i1*grad->nb[1]);
+            for (int k = 0; k < nc; k++) { dx[k] = dy[k]; }
+            for (int k = 0; k < nc; k++) {
+                const float sig = 1.0f/(1.0f + expf(-x[k]));
+                dx[k] *= sig*(1.0f + x[k]*(1.0f - sig));
+            }
+        }
+"""
+# "softmax-back-fixed": the CPU SOFT_MAX_BACK kernel reads each y[i] and dy[i] before it writes
+# dx[i] (as ggml 0.26.0's does): the upstream alias bug of 0.15.3 fixed.
+SOFTMAX_BACK_STEPS = ("        ggml_vec_cpy_f32  (nc, dx, dy);\n"
+                      "        ggml_vec_acc1_f32 (nc, dx, -dot_y_dy);\n"
+                      "        ggml_vec_mul_f32  (nc, dx, dx, y);\n")
+_SOFTMAX_BACK_FIXED_CODE = ("        for (int i = 0; i < nc; i++) { dx[i] = (dy[i] - dot_y_dy)*y[i]; }"
+                            " // pytest-gradgate's softmax-back-fixed test variant\n")
+# "scale-back-inplace": SCALE's backward scales its incoming gradient in place (a view of it),
+# right where nothing else reads that gradient (scale alone) and wrong where another consumer
+# still needs it (x + scale(x): the residual's share is scaled too).
+_SCALE_BACK_INPLACE_CODE = ("                ggml_add_or_set(ctx, cgraph, isrc0, ggml_scale_impl(ctx, grad, s, 0.0, true));"
+                            " // pytest-gradgate's scale-back-inplace test variant\n")
+REGIME_VARIANTS = ("silu-back-overwrites", "softmax-back-fixed", "scale-back-inplace")
+
+VARIANTS = (tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "heap-overflow", "unwritten", "race",
                                      "tf32-matmul", "tf32-matmul-scaled", "sub-sign", "input-strides", "transpose-half",
                                      "transpose-reshape", "flaky-scale") + tuple(UNCAUGHT_VARIANTS) + (UNCAUGHT,) + tuple(WALK_SCALE_VARIANTS)
+            + REGIME_VARIANTS)
 
 
 class PatchError(Exception):
@@ -392,6 +428,12 @@ def make_variant(ggml_root, dest, name):
             replace_once(dest / "src" / "ggml.c", anchor, code)
     elif name in WALK_SCALE_VARIANTS:
         add_walk_scale(dest, name)
+    elif name == "silu-back-overwrites":
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", SILU_BACK_CALL, _SILU_BACK_OVERWRITES_CODE)
+    elif name == "softmax-back-fixed":
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", SOFTMAX_BACK_STEPS, _SOFTMAX_BACK_FIXED_CODE)
+    elif name == "scale-back-inplace":
+        replace_once(dest / "src" / "ggml.c", SCALE_ANCHOR, _SCALE_BACK_INPLACE_CODE)
     elif name == "sub-sign":
         replace_once(dest / "src" / "ggml.c", SUB_SIGN_ANCHOR, _SUB_SIGN_CODE)
     elif name == "transpose-reshape":
