@@ -1,11 +1,12 @@
-"""What the memory checks cost (issue 44): guard zones, unwritten elements, and the backward
-run again on one thread (check/memory.py, check/determinism.py).
+"""What the memory checks cost (issues 44, 51): guard zones, unwritten elements, the backward
+run again on one thread, and the allocation regimes (check/memory.py, check/determinism.py,
+check/regimes.py).
 
     python bench/bench_memory_checks.py [--repeat 3] [--ggml-src DIR] [--before-python PATH]
 
 1. Their share of the engine's time: every full-mode case of the built-in suite, run through
    the Runner (isolate=case) once, and the seconds the engine itself spent in the checks
-   (Result.timings "memory-checks" and "determinism") against the sum of the cases' durations
+   (Result.timings "memory-checks", "determinism" and "allocation") against the sum of the cases' durations
    (the engine's work inside the child; isolation and pytest not included, so the share is of
    the smallest total, the least flattering one).
 2. The built-in suite's wall time as a user runs it, `pytest --gradgate -q -p no:cacheprovider`
@@ -35,22 +36,24 @@ SUITE = Path(pytest_gradgate.__file__).resolve().parent / "cases.yaml"
 
 
 def engine_share(library):
-    """(seconds in the memory checks, in the determinism run, sum of durations, cases)."""
+    """(seconds in the memory checks, in the determinism run, in the allocation regimes, sum of
+    durations, cases)."""
     loaded, errors = load_file(SUITE, builtin=True)
     if errors:
         sys.exit(f"{SUITE}: {errors[0]}")
     cases = [c for entry in loaded for c in entry.cases if c.mode == "full"]
-    memory = determinism = total = 0.0
+    memory = determinism = alloc = total = 0.0
     runner = Runner(library, isolate="case")
     try:
         for case in cases:
             r = runner.run(case)
             memory += r.timings.get("memory-checks", 0.0)
             determinism += r.timings.get("determinism", 0.0)
+            alloc += r.timings.get("allocation", 0.0)
             total += r.duration
     finally:
         runner.close()
-    return memory, determinism, total, len(cases)
+    return memory, determinism, alloc, total, len(cases)
 
 
 def suite_wall(python, ggml_src):
@@ -78,9 +81,10 @@ def main(argv=None):
     library = ensure_build(source.root, BuildOptions()).library
     print(f"ggml {source.version} ({source.label}); {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.2f} at start")
-    memory, determinism, total, n = engine_share(library)
+    memory, determinism, alloc, total, n = engine_share(library)
     print(f"engine: {n} full-mode cases, {total:.2f} s of case durations; memory checks {memory:.3f} s "
-          f"({100 * memory / total:.1f}%), determinism run {determinism:.3f} s ({100 * determinism / total:.1f}%)")
+          f"({100 * memory / total:.1f}%), determinism run {determinism:.3f} s ({100 * determinism / total:.1f}%), "
+          f"allocation regimes {alloc:.3f} s ({100 * alloc / total:.1f}%)")
     after, before = [], []
     for _ in range(args.repeat):
         if args.before_python:

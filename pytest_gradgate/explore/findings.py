@@ -83,7 +83,7 @@ def class_family(kind):
 
 
 MEMORY = "memory"       # a memory fault's site: the run named the node, not a layout
-MEMORY_FAULTS = frozenset({Diagnosis.OUT_OF_BOUNDS_WRITE, Diagnosis.UNWRITTEN})
+MEMORY_FAULTS = frozenset({Diagnosis.OUT_OF_BOUNDS_WRITE, Diagnosis.UNWRITTEN, Diagnosis.ALIAS})
 
 
 def culprit_family(ggml_op):

@@ -151,6 +151,8 @@ def export(case):
     struct = "\n".join([
         f"// {case.id}: exported by pytest-gradgate from {origin[0]}:{origin[1]}",
         f"// {op.ggml_op} through consumer {case.consumer}, loss {case.loss} (the harness's SUM after it)",
+        "// test-backend-ops gives every tensor memory of its own: a kernel wrong only where ggml's graph",
+        "// allocator lays its output over an input (pytest-gradgate's allocation regimes) passes here",
         f"struct {name} : public test_case {{",
         f"    std::string op_desc(ggml_tensor * t) override {{ GGML_UNUSED(t); return \"{_op_desc(op)}\"; }}",
         f"    std::string vars() override {{ return \"gradgate={case.id}\"; }}",
