@@ -182,8 +182,9 @@ def pytest_report_header(config):
 
 
 _ALLOC_NOTES = {
-    "all": "each backward also runs laid out by ggml's graph allocator and with each in-place alias forced "
-           "(--gradgate-alloc)",
+    "all": "each backward also runs laid out by ggml's graph allocator, with each in-place alias forced, and "
+           "trained by ggml-opt (--gradgate-alloc)",
+    "ggml-opt": "each case is also trained by ggml-opt, two micro-batches accumulated (--gradgate-alloc)",
     "graph": "each backward also runs laid out by ggml's graph allocator (--gradgate-alloc)",
     "forced": "each backward also runs with each in-place alias forced (--gradgate-alloc)",
     "own": "each backward runs in memory of its own only; training's in-place aliases are not checked "

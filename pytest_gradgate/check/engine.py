@@ -247,11 +247,11 @@ def run_case(case, lib, phase=lambda name: None):
             return result.finish(result.status, Phase.DONE, started=started)
         # last: the regimes lay the graph's tensors out again, so nothing of own memory is read after
         enter(Phase.ALLOCATION)
-        runs, alias = regimes.check(g, session, gb, case, params, grads, loss, analytic, shapes)
+        runs, alias = regimes.check(g, session, gb, case, params, grads, loss, analytic, shapes, enter)
         result.alloc = [run.to_dict(g, gb) for run in runs]
         if alias is not None:
             _alias_failure(result, case, alias)
-            return result.finish(result.status, Phase.ALLOCATION, started=started)
+            return result.finish(result.status, alias.phase, started=started)
         return result.finish(result.status, Phase.DONE, started=started)
     finally:
         enter(None)

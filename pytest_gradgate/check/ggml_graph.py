@@ -24,7 +24,7 @@ GRAPH_SLACK = 16
 class GraphBuilder:
     """What op builders, consumers and losses get: the library, the context, helpers."""
 
-    def __init__(self, lib, case, n_tensors):
+    def __init__(self, lib, case, n_tensors, graph_room=0):
         self.lib = lib
         self.ffi = binding.ffi
         self.case = case
@@ -36,7 +36,8 @@ class GraphBuilder:
         # made every case fault in ~0.5 MB of hash arrays it never used (120 page faults,
         # 1.5-2 ms per small case in a forked child).
         self.graph_size = n_tensors + GRAPH_SLACK
-        self.ctx = lib.gg_ctx_new(n_tensors, 0)
+        # graph_room: graphs of that size that others make in self.ctx (ggml-opt makes its own)
+        self.ctx = lib.gg_ctx_new(n_tensors, graph_room)
         self.graph_ctx = lib.gg_ctx_new(0, self.graph_size)     # room for 4 graphs
         if self.ctx == binding.ffi.NULL or self.graph_ctx == binding.ffi.NULL:
             self.free()

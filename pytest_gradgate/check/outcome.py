@@ -52,6 +52,7 @@ class Phase(_Word):
     COMPARE = "compare"
     # the backward again in training's memory (check/regimes.py): ggml's graph allocator, forced aliases
     ALLOCATION = "allocation"
+    GGML_OPT = "ggml-opt"           # the case trained by ggml-opt itself (check/regimes.py)
     DONE = "done"                   # got through compare
     UNKNOWN = "unknown"             # the worker died while its child ran the case: where it was is lost
 

@@ -11,6 +11,13 @@ Regimes, each the same backward graph (same nodes, same values) laid out again:
 - `graph`: as ggml-opt lays out a training step: params and the loss's gradient accumulator in
   a static buffer, the param gradients and the loss flagged outputs, the other leaves inputs,
   everything else by ggml's own graph allocator (`ggml_gallocr_alloc_graph`).
+- `ggml-opt`: the case's graph trained by ggml-opt itself, as llama.cpp's training runs it:
+  `ggml_opt_init` over a backend scheduler of the case's backend, its own gradient graph with
+  gradient accumulators, SGD with weight decay 0, two micro-batches per optimizer step. Its
+  gradient is read where ggml-opt keeps it (the accumulator, `ggml_opt_grad_acc`) after the
+  first micro-batch, and again after the second, which must hold the sum of the two (the same
+  values twice: twice the gradient). A graph rebuilt in a context of its own, since ggml-opt
+  builds its graphs and gradient tensors in the model's compute context.
 - `forced-srcJ`: which source the allocator picks depends on the graph around a node (src0 unless
   it is still needed or an output). So that a small case meets every alias a training graph could
   give it, each in-place-capable node's output is laid over its src J wherever that is legal (the
@@ -33,13 +40,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from pytest_gradgate.check import determinism
-from pytest_gradgate.check.ggml_graph import read_tensor, write_tensor
+from pytest_gradgate.check.ggml_graph import GraphBuilder, build_forward, read_tensor, write_tensor
 from pytest_gradgate.check.metrics import ggml_index
 from pytest_gradgate.check.memory import describe
-from pytest_gradgate.check.outcome import Diagnosis
+from pytest_gradgate.check.outcome import Diagnosis, Phase
 
 # --gradgate-alloc: which regimes besides memory of its own
-SELECTIONS = {"all": ("graph", "forced"), "graph": ("graph",), "forced": ("forced",), "own": ()}
+SELECTIONS = {"all": ("graph", "forced", "ggml-opt"), "graph": ("graph",), "forced": ("forced",),
+              "ggml-opt": ("ggml-opt",), "own": ()}
+# ggml-opt's graphs: GGML_DEFAULT_GRAPH_SIZE nodes each, made in the case's context
+GGML_OPT_GRAPH_SIZE = 2048
 # ggml ops have at most 3 sources an in-place op could lie over with the same layout (ROPE's
 # third is its freq factors, SOFT_MAX's its sinks)
 FORCED_SOURCES = (0, 1, 2)
@@ -63,13 +73,15 @@ class Failure:
     text: str
     summary: str
     culprit: str            # the op at fault, when one alias alone reproduces it ("" otherwise)
+    phase: Phase = Phase.ALLOCATION
 
 
-def check(g, session, gb, case, params, grads, loss, own, shapes):
+def check(g, session, gb, case, params, grads, loss, own, shapes, phase=lambda name: None):
     """Run the backward gb in each selected regime -> ([Run], Failure or None). `grads`: param
     name -> its gradient tensor in gb; `own`: param name -> the gradient computed in memory of its
     own; `shapes`: param name -> ne. The tensors of g.ctx lose their own memory: call this after
-    everything else is read."""
+    everything else is read. phase(Phase.GGML_OPT) is called before ggml-opt's run, so that an
+    abort there is said to be ggml-opt's."""
     selected = SELECTIONS[case.alloc]
     if not selected:
         return [], None
@@ -110,9 +122,13 @@ def check(g, session, gb, case, params, grads, loss, own, shapes):
             seen.add(tuple(plan))
             got = computed(lambda: _alloc_aliased(lib, ffi, session, g.ctx, gb, plan))
             runs.append(Run(f"forced-src{j}", plan, determinism.differences(own, got), got))
-    failing = next((r for r in runs if r.differs), None)
+    if "ggml-opt" in selected:
+        phase(Phase.GGML_OPT)
+        runs += _through_ggml_opt(lib, case, own)
+    failing = next((r for r in runs if r.differs and r.regime.startswith(("graph", "forced"))), None)
     if failing is None:
-        return runs, None
+        failing = next((r for r in runs if r.differs), None)
+        return runs, None if failing is None else _opt_failure(failing, own, shapes)
     culprit = None
     for alias in failing.aliases:
         alone = computed(lambda: _alloc_aliased(lib, ffi, session, g.ctx, gb, [alias]))
@@ -174,3 +190,61 @@ def _failure(g, gb, failing, culprit, own, shapes):
             f"which it reads afterwards. In {regime_text}, {diff}; that alias alone, every other tensor in memory of "
             f"its own, gives {alone}")
     return Failure(text, f"{op} (node {i}) wrote its output over its src{j}, which it reads afterwards", op)
+
+
+def _through_ggml_opt(lib, case, own):
+    """The case trained by ggml-opt (two micro-batches of the same values) -> [Run] of the first
+    micro-batch's gradient and of the accumulated two, each against memory of its own (the
+    accumulated against twice it). [] where ggml-opt cannot take the case, which says why."""
+    from pytest_gradgate.declare.expr import parse_graph
+    from pytest_gradgate.check.ggml_graph import graph_tensors
+    lines = parse_graph(case.graph)
+    g = GraphBuilder(lib, case, n_tensors=3 * graph_tensors(case, lines), graph_room=GGML_OPT_GRAPH_SIZE)
+    ffi = g.ffi
+    session = opt = ffi.NULL
+    try:
+        params, _, _, loss = build_forward(g, case, lines)
+        if _op_of(g, loss) != "SUM":
+            return []       # ggml-opt's loss is a sum of the outputs it is given (losses.py: all are)
+        outputs = lib.gg_tensor_src(loss, 0)
+        err = ffi.new("char[256]")
+        session = lib.gg_session_new(case.backend.encode(), case.threads, err, 256)
+        if session == ffi.NULL:
+            return []
+        opt = lib.gg_opt_new(session, g.ctx, outputs, 2, 1.0)
+        if opt == ffi.NULL:
+            raise MemoryError("could not make ggml-opt's context for the case")
+        for t, values in g.values:
+            write_tensor(g, t, values)
+        lib.gg_opt_step(opt)
+        first = {name: read_tensor(g, lib.gg_opt_grad_acc(opt, t)) for name, t in params.items()}
+        lib.gg_opt_step(opt)
+        both = {name: read_tensor(g, lib.gg_opt_grad_acc(opt, t)) for name, t in params.items()}
+        twice = {name: 2 * v for name, v in own.items()}
+        return [Run("ggml-opt", [], determinism.differences(own, first), first),
+                Run("ggml-opt-accumulated", [], determinism.differences(twice, both), both)]
+    finally:
+        if opt != ffi.NULL:
+            lib.gg_opt_free(opt)
+        if session != ffi.NULL:
+            lib.gg_session_free(session)
+        g.free()
+
+
+def _op_of(g, t):
+    return g.ffi.string(g.lib.gg_tensor_op_name(t)).decode()
+
+
+def _opt_failure(failing, own, shapes):
+    if failing.regime == "ggml-opt":
+        diff = _difference_text(failing.differs, own, failing.got, shapes)
+        text = (f"wrong as ggml-opt trains it: the gradient ggml-opt accumulates for one micro-batch (ggml_opt_init "
+                f"over a backend scheduler, its own gradient graph and allocation): {diff}")
+        return Failure(text, "ggml-opt's gradient differs from the backward's own", "", Phase.GGML_OPT)
+    twice = {name: 2 * v for name, v in own.items()}
+    diff = _difference_text(failing.differs, twice, failing.got, shapes).replace(
+        "differs from the one computed with every tensor in memory of its own",
+        "accumulated over two micro-batches of the same values differs from twice the one computed in memory of its own")
+    text = f"gradient accumulation lost or doubled: {diff}"
+    return Failure(text, "ggml-opt's gradient accumulation over two micro-batches is not the sum of the two", "",
+                   Phase.GGML_OPT)

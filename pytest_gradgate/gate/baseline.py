@@ -117,6 +117,9 @@ class Baseline:
             # a skip (no backward in a built-in case) is not a failure, whatever the child's status
             if r["status"] in FAILURE_STATUSES and r.get("outcome") != "skipped":
                 entries[r["baseline_key"]] = {"status": r["status"], "reason": reason_of(r)}
+                if r.get("phase") in ("allocation", "ggml-opt"):
+                    # seen only in an allocation regime: a run that leaves the regimes out cannot see it
+                    entries[r["baseline_key"]]["phase"] = r["phase"]
         return Baseline(self.path, entries, ggml_version, self.explore)
 
     def record_explore(self, recorded, ggml_version=None):

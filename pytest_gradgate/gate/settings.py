@@ -65,8 +65,9 @@ SETTINGS = [
     Setting("mode", "full: check every element; fast: random directions (large tensors)", None, ("full", "fast")),
     Setting("alloc", "the memory each case's backward also runs in besides its own: all (default), graph (ggml's "
             "graph allocator with its in-place reuse, as ggml-opt lays out a training step), forced (each in-place "
-            "op's output laid over each source it may legally take) or own (memory of its own only)", "all",
-            ("all", "graph", "forced", "own")),
+            "op's output laid over each source it may legally take), ggml-opt (the case trained by ggml-opt itself, "
+            "two micro-batches accumulated) or own (memory of its own only)", "all",
+            ("all", "graph", "forced", "ggml-opt", "own")),
     Setting("crash_cap", "stop the run after this many cases in a row whose worker could not start", 3, kind="int"),
     Setting("baseline", "baseline file of known failures (default: the shipped one for the default ggml)"),
     Setting("json", "write a JSON report of every case to this path"),

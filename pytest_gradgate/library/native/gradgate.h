@@ -84,6 +84,19 @@ int gg_session_alloc_aliased(struct gg_session * s, struct ggml_context * ctx, s
 int gg_graph_aliases(struct ggml_cgraph * g, int * nodes, int * srcs, int max);
 struct ggml_tensor * gg_tensor_src(const struct ggml_tensor * t, int j);
 
+/* ggml-opt's own path (check/regimes.py): gg_opt_new lays the leaves of ctx (params, inputs,
+ * constants) in a static buffer and makes a ggml-opt context over a scheduler of the session's
+ * backend: static graphs in ctx (which needs room for ggml-opt's graphs), loss SUM over
+ * `outputs`, SGD with learning rate lr and weight decay 0, opt_period micro-batches per step
+ * (more than 1: gradient accumulators, which gg_opt_grad_acc returns). gg_opt_step: one
+ * micro-batch (ggml_opt_alloc + ggml_opt_eval). NULL from gg_opt_new: out of memory. */
+struct gg_opt;
+struct gg_opt * gg_opt_new(struct gg_session * s, struct ggml_context * ctx, struct ggml_tensor * outputs, int opt_period,
+                           float lr);
+void gg_opt_step(struct gg_opt * o);
+struct ggml_tensor * gg_opt_grad_acc(struct gg_opt * o, struct ggml_tensor * param);
+void gg_opt_free(struct gg_opt * o);
+
 /* The hot loops: perturb one parameter, run the forward graph, read the loss.
  * Elements are visited in logical order (i0 fastest) through the tensor's strides.
  *

@@ -3,6 +3,7 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
+#include "ggml-opt.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -14,7 +15,7 @@
 
 #include "gradgate.h"
 
-#define GG_ABI_VERSION 5
+#define GG_ABI_VERSION 6
 
 int gg_abi_version(void) { return GG_ABI_VERSION; }
 
@@ -586,6 +587,98 @@ int gg_graph_aliases(struct ggml_cgraph * g, int * nodes, int * srcs, int max) {
         }
     }
     return count;
+}
+
+// ---- ggml-opt's own path (check/regimes.py) -------------------------------------------------
+// The case's graph trained as llama.cpp trains: ggml_opt_init over a backend scheduler, its own
+// gradient graph with gradient accumulators, SGD with weight decay 0. Leaves (params, inputs,
+// constants) live in a static buffer, as ggml-opt asks of a model's context.
+struct gg_opt {
+    ggml_backend_sched_t sched;
+    ggml_opt_context_t opt;
+    ggml_backend_buffer_t static_buffer;
+    struct ggml_context * input_ctx;    // the inputs tensor ggml-opt asks for: one float nothing reads
+    struct ggml_opt_optimizer_params pars;
+};
+
+void gg_opt_free(struct gg_opt * o) {
+    if (!o) {
+        return;
+    }
+    if (o->opt) {
+        ggml_opt_free(o->opt);
+    }
+    if (o->sched) {
+        ggml_backend_sched_free(o->sched);
+    }
+    if (o->static_buffer) {
+        ggml_backend_buffer_free(o->static_buffer);
+    }
+    if (o->input_ctx) {
+        ggml_free(o->input_ctx);
+    }
+    free(o);
+}
+
+struct gg_opt * gg_opt_new(struct gg_session * s, struct ggml_context * ctx, struct ggml_tensor * outputs, int opt_period,
+                           float lr) {
+    struct gg_opt * o = calloc(1, sizeof(*o));
+    if (!o) {
+        return NULL;
+    }
+    struct ggml_init_params params = { ggml_tensor_overhead(), NULL, true };
+    o->input_ctx = ggml_init(params);
+    struct ggml_tensor * inputs = o->input_ctx ? ggml_new_tensor_1d(o->input_ctx, GGML_TYPE_F32, 1) : NULL;
+    ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(s->backend);
+    const size_t align = ggml_backend_buft_get_alignment(buft);
+    size_t size = 2 * align + ggml_backend_buft_get_alloc_size(buft, inputs ? inputs : outputs);
+    for (struct ggml_tensor * t = ggml_get_first_tensor(ctx); t; t = ggml_get_next_tensor(ctx, t)) {
+        if (t->op == GGML_OP_NONE && t->view_src == NULL && t->data == NULL) {
+            size += gg_pad(ggml_backend_buft_get_alloc_size(buft, t), align);
+        }
+    }
+    o->static_buffer = inputs ? ggml_backend_buft_alloc_buffer(buft, size) : NULL;
+    if (!o->static_buffer) {
+        gg_opt_free(o);
+        return NULL;
+    }
+    struct ggml_tallocr talloc = ggml_tallocr_new(o->static_buffer);
+    int ok = ggml_tallocr_alloc(&talloc, inputs) == GGML_STATUS_SUCCESS;
+    for (struct ggml_tensor * t = ggml_get_first_tensor(ctx); t && ok; t = ggml_get_next_tensor(ctx, t)) {
+        if (t->op == GGML_OP_NONE && t->view_src == NULL && t->data == NULL) {
+            ok = ggml_tallocr_alloc(&talloc, t) == GGML_STATUS_SUCCESS;
+        }
+    }
+    ggml_backend_t backend = s->backend;
+    o->sched = ok ? ggml_backend_sched_new(&backend, NULL, 1, GGML_DEFAULT_GRAPH_SIZE, false, true) : NULL;
+    if (!o->sched) {
+        gg_opt_free(o);
+        return NULL;
+    }
+    o->pars = ggml_opt_get_default_optimizer_params(NULL);
+    o->pars.sgd.alpha = lr;
+    o->pars.sgd.wd = 0.0f;
+    struct ggml_opt_params p = ggml_opt_default_params(o->sched, GGML_OPT_LOSS_TYPE_SUM);
+    p.ctx_compute = ctx;
+    p.inputs = inputs;
+    p.outputs = outputs;
+    p.build_type = GGML_OPT_BUILD_TYPE_OPT;
+    p.opt_period = opt_period;
+    p.optimizer = GGML_OPT_OPTIMIZER_TYPE_SGD;
+    p.get_opt_pars = ggml_opt_get_constant_optimizer_params;
+    p.get_opt_pars_ud = &o->pars;
+    o->opt = ggml_opt_init(p);
+    return o;
+}
+
+// one micro-batch: forward, backward, accumulation (and on the period's last, the SGD step)
+void gg_opt_step(struct gg_opt * o) {
+    ggml_opt_alloc(o->opt, true);
+    ggml_opt_eval(o->opt, NULL);
+}
+
+struct ggml_tensor * gg_opt_grad_acc(struct gg_opt * o, struct ggml_tensor * param) {
+    return ggml_opt_grad_acc(o->opt, param);
 }
 
 struct ggml_tensor * gg_graph_node(struct ggml_cgraph * g, int i) { return ggml_graph_node(g, i); }
