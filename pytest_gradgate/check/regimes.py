@@ -40,10 +40,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from pytest_gradgate.check import determinism
-from pytest_gradgate.check.ggml_graph import GraphBuilder, build_forward, read_tensor, write_tensor
+from pytest_gradgate.check.ggml_graph import GraphBuilder, build_forward, graph_tensors, read_tensor, write_tensor
+from pytest_gradgate.declare.expr import parse_graph
 from pytest_gradgate.check.metrics import ggml_index
 from pytest_gradgate.check.memory import describe
-from pytest_gradgate.check.outcome import Diagnosis, Phase
+from pytest_gradgate.check.outcome import Phase
 
 # --gradgate-alloc: which regimes besides memory of its own
 SELECTIONS = {"all": ("graph", "forced", "ggml-opt"), "graph": ("graph",), "forced": ("forced",),
@@ -196,8 +197,6 @@ def _through_ggml_opt(lib, case, own):
     """The case trained by ggml-opt (two micro-batches of the same values) -> [Run] of the first
     micro-batch's gradient and of the accumulated two, each against memory of its own (the
     accumulated against twice it). [] where ggml-opt cannot take the case, which says why."""
-    from pytest_gradgate.declare.expr import parse_graph
-    from pytest_gradgate.check.ggml_graph import graph_tensors
     lines = parse_graph(case.graph)
     g = GraphBuilder(lib, case, n_tensors=3 * graph_tensors(case, lines), graph_room=GGML_OPT_GRAPH_SIZE)
     ffi = g.ffi
