@@ -160,3 +160,52 @@ def test_the_option_env_and_report(pytester, default_build, monkeypatch):
     bad.stderr.fnmatch_lines(["*--gradgate-alloc: 'nowhere' is not one of all, graph, forced, own*"])
     monkeypatch.setenv("GRADGATE_ALLOC", "own")
     pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "gradgate_residual.yaml", "-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def softmax_residual_trained(**kw):
+    """The issue's ggml-opt probe: param w, a = x * w, output a + softmax(a)."""
+    return Case(name="softmax_residual_w", graph=["a = mul(x, w)", "add(a, soft_max(a))"], params={"w": [8, 6]},
+                inputs={"x": {"type": "f32", "shape": [8, 6]}}, **kw)
+
+
+def test_ggml_opt_trains_the_softmax_residual_wrong_and_says_so(default_build):
+    """Through ggml-opt itself (its scheduler, its gradient graph with accumulators) the issue's
+    probe gets the wrong gradient on the default ggml, red in phase ggml-opt; the graph regime
+    (ggml-opt's layout without accumulation) gives the same wrong values and names the alias."""
+    runner = Runner(default_build.library, isolate="case")
+    try:
+        opt = runner.run(softmax_residual_trained(alloc="ggml-opt"))
+        graph = runner.run(softmax_residual_trained(alloc="graph"))
+    finally:
+        runner.close()
+    assert (opt.status, str(opt.phase)) == ("failed", "ggml-opt"), opt.diagnosis
+    assert opt.diagnosis.startswith("wrong as ggml-opt trains it: the gradient ggml-opt accumulates for one micro-batch")
+    assert [run["regime"] for run in opt.alloc] == ["ggml-opt", "ggml-opt-accumulated"]
+    assert (graph.status, str(graph.kind), graph.culprit) == ("failed", "alias", "SOFT_MAX_BACK"), graph.diagnosis
+    # the same wrong number in both: e.g. "at [5, 0, 0, 0]: -1.34116 against 1.2692"
+    assert opt.diagnosis.split("e.g. at ")[1].split(" (cosine")[0] == graph.diagnosis.split("e.g. at ")[1].split(" (cosine")[0]
+
+
+def test_mean_aborts_under_gradient_accumulation_in_phase_ggml_opt(default_build):
+    """MEAN's backward adds its gradient into an accumulator with ggml_add1, which asserts a scalar:
+    ggml-opt with two micro-batches per step aborts there. In memory of its own (no accumulator)
+    the same case passes; with the ggml-opt regime removed this test fails on the first assert."""
+    runner = Runner(default_build.library, isolate="case")
+    try:
+        opt = runner.run(Case(name="mean", graph=["mean(a)"], params={"a": [4, 3, 2]}, alloc="ggml-opt"))
+        own = runner.run(Case(name="mean", graph=["mean(a)"], params={"a": [4, 3, 2]}, alloc="own"))
+    finally:
+        runner.close()
+    assert (opt.status, str(opt.phase)) == ("crashed", "ggml-opt"), opt.diagnosis
+    assert "GGML_ASSERT(ggml_is_scalar(b)) failed" in opt.diagnosis + opt.stderr_tail
+    assert own.status == "passed"
+
+
+@pytest.mark.slow
+def test_ggml_opt_agrees_on_a_tree_with_softmax_back_fixed(run_on):
+    """The same probe on the softmax-back-fixed variant: ggml-opt's gradient and its accumulation
+    over two micro-batches agree with memory of its own (which passed the finite differences)."""
+    r = run_on("softmax-back-fixed", softmax_residual_trained())
+    assert r.status == "passed", r.diagnosis
+    agrees = {run["regime"]: run["agrees"] for run in r.alloc}
+    assert agrees["ggml-opt"] and agrees["ggml-opt-accumulated"] and all(agrees.values()), agrees
