@@ -450,7 +450,9 @@ def to_case(ref, seed=0):
     if fields is None:
         return None
     name = re.sub(r"[^A-Za-z0-9_.\-]+", "_", f"tbo_{ref.op}_{ref.vars}").strip("_")[:120]
-    return Case(name=name, consumer="none", loss="sum", seed=seed, **fields)
+    # memory of its own only: test-backend-ops allocates every tensor apart, so the allocation
+    # regimes (an alias, ggml-opt's accumulation) are what it cannot see, not a verdict to compare
+    return Case(name=name, consumer="none", loss="sum", seed=seed, alloc="own", **fields)
 
 
 # -- comparing verdicts and MAAs --------------------------------------------------------------

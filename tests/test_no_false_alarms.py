@@ -47,7 +47,9 @@ BACKEND_OPS_LIKE = {
 
 
 def run_all(lib, table, seeds):
-    return {(name, seed): engine.run_case(Case(name=name, seed=seed, **spec), lib)
+    # the finite differences' false alarms, in memory of its own: the allocation regimes compare no
+    # finite differences (tests/test_regimes.py), and SOFT_MAX_BACK's alias is a real upstream bug
+    return {(name, seed): engine.run_case(Case(name=name, seed=seed, alloc="own", **spec), lib)
             for name, spec in table.items() for seed in seeds}
 
 

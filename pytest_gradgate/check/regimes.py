@@ -62,7 +62,7 @@ class Run:
     regime: str             # "graph", "forced-src1"
     aliases: list           # [(node index, src index)] the layout gave
     differs: dict           # determinism.differences(own, this regime's); empty when they agree
-    got: dict               # param name -> this regime's gradient
+    got: dict               # param name -> this regime's gradient, kept where it differs
 
     def to_dict(self, g, gb):
         return {"regime": self.regime, "agrees": not self.differs,
@@ -104,13 +104,14 @@ def check(g, session, gb, case, params, grads, loss, own, shapes, phase=lambda n
         status = lib.gg_session_compute(session, gb)
         if status != 0:
             raise RuntimeError(f"backward compute failed in an allocation regime (ggml_status {status})")
-        return {name: read_tensor(g, t) if t != ffi.NULL else own[name] for name, t in grads.items()}
+        # float32, as ggml computed them: a big case's gradients are read once per regime
+        return {name: read_tensor(g, t, np.float32) if t != ffi.NULL else own[name] for name, t in grads.items()}
 
     if "graph" in selected:
         got = computed(lambda: lib.gg_session_alloc_graph(session, g.ctx, gb, ffi.new("struct ggml_tensor *[]", statics),
                                                           len(statics), ffi.new("struct ggml_tensor *[]", outputs),
                                                           len(outputs)))
-        runs.append(Run("graph", _aliases(lib, ffi, gb), determinism.differences(own, got), got))
+        runs.append(_run("graph", _aliases(lib, ffi, gb), own, got))
     if "forced" in selected:
         seen = {tuple(r.aliases) for r in runs}
         keep = ffi.new("struct ggml_tensor *[]", outputs)
@@ -122,9 +123,10 @@ def check(g, session, gb, case, params, grads, loss, own, shapes, phase=lambda n
                 continue        # no alias, or exactly the layout of a regime already run
             seen.add(tuple(plan))
             got = computed(lambda: _alloc_aliased(lib, ffi, session, g.ctx, gb, plan))
-            runs.append(Run(f"forced-src{j}", plan, determinism.differences(own, got), got))
+            runs.append(_run(f"forced-src{j}", plan, own, got))
     if "ggml-opt" in selected:
         phase(Phase.GGML_OPT)
+        lib.gg_session_release(session)     # ggml-opt lays out a copy of the graph: one at a time
         runs += _through_ggml_opt(lib, case, own)
     failing = next((r for r in runs if r.differs and r.regime.startswith(("graph", "forced"))), None)
     if failing is None:
@@ -138,6 +140,12 @@ def check(g, session, gb, case, params, grads, loss, own, shapes, phase=lambda n
             culprit = alias, differs, alone
             break
     return runs, _failure(g, gb, failing, culprit, own, shapes)
+
+
+def _run(regime, aliases, own, got):
+    """A Run; a regime that agrees keeps no gradients (a big case's would add up over the regimes)."""
+    differs = determinism.differences(own, got)
+    return Run(regime, aliases, differs, got if differs else {})
 
 
 def _alloc_aliased(lib, ffi, session, ctx, gb, plan):
@@ -216,12 +224,12 @@ def _through_ggml_opt(lib, case, own):
         for t, values in g.values:
             write_tensor(g, t, values)
         lib.gg_opt_step(opt)
-        first = {name: read_tensor(g, lib.gg_opt_grad_acc(opt, t)) for name, t in params.items()}
+        first = _run("ggml-opt", [], own, {name: read_tensor(g, lib.gg_opt_grad_acc(opt, t), np.float32)
+                                           for name, t in params.items()})
         lib.gg_opt_step(opt)
-        both = {name: read_tensor(g, lib.gg_opt_grad_acc(opt, t)) for name, t in params.items()}
-        twice = {name: 2 * v for name, v in own.items()}
-        return [Run("ggml-opt", [], determinism.differences(own, first), first),
-                Run("ggml-opt-accumulated", [], determinism.differences(twice, both), both)]
+        both = {name: read_tensor(g, lib.gg_opt_grad_acc(opt, t), np.float32) / 2 for name, t in params.items()}
+        # the sum of two micro-batches of the same values, halved: exact in binary floating point
+        return [first, _run("ggml-opt-accumulated", [], own, both)]
     finally:
         if opt != ffi.NULL:
             lib.gg_opt_free(opt)
@@ -240,10 +248,10 @@ def _opt_failure(failing, own, shapes):
         text = (f"wrong as ggml-opt trains it: the gradient ggml-opt accumulates for one micro-batch (ggml_opt_init "
                 f"over a backend scheduler, its own gradient graph and allocation): {diff}")
         return Failure(text, "ggml-opt's gradient differs from the backward's own", "", Phase.GGML_OPT)
-    twice = {name: 2 * v for name, v in own.items()}
-    diff = _difference_text(failing.differs, twice, failing.got, shapes).replace(
+    diff = _difference_text(failing.differs, own, failing.got, shapes).replace(
         "differs from the one computed with every tensor in memory of its own",
-        "accumulated over two micro-batches of the same values differs from twice the one computed in memory of its own")
+        "accumulated over two micro-batches of the same values, halved, differs from the one computed in memory of "
+        "its own")
     text = f"gradient accumulation lost or doubled: {diff}"
     return Failure(text, "ggml-opt's gradient accumulation over two micro-batches is not the sum of the two", "",
                    Phase.GGML_OPT)

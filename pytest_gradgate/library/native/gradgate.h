@@ -74,6 +74,8 @@ int gg_backend_count_gpu(void);
  * laid over its src srcs[k], in graph order. gg_graph_aliases: after an allocation, the nodes of
  * g whose output shares its address with one of their sources, and that source's index. */
 void gg_ctx_detach(struct ggml_context * ctx);
+/* frees what the session allocated for a context (its tensors keep dangling addresses: detach them) */
+void gg_session_release(struct gg_session * s);
 int gg_op_can_inplace(const struct ggml_tensor * t);
 int gg_session_alloc_graph(struct gg_session * s, struct ggml_context * ctx, struct ggml_cgraph * g,
                            struct ggml_tensor ** statics, int n_statics, struct ggml_tensor ** outputs, int n_outputs);

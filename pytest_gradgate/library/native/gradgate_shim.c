@@ -15,7 +15,7 @@
 
 #include "gradgate.h"
 
-#define GG_ABI_VERSION 6
+#define GG_ABI_VERSION 7
 
 int gg_abi_version(void) { return GG_ABI_VERSION; }
 
@@ -251,6 +251,8 @@ static void gg_regime_free(struct gg_session * s) {
     }
     s->planned = NULL;   // a plan is for a graph of the context allocated before
 }
+
+void gg_session_release(struct gg_session * s) { gg_regime_free(s); }
 
 // the tensor whose memory node k of an alias plan takes (NULL: t owns memory of its own)
 static struct ggml_tensor * gg_alias_target(struct ggml_tensor * t, struct ggml_tensor * const * nodes,
