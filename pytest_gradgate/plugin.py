@@ -295,12 +295,12 @@ def pytest_runtest_makereport(item, call):
         data = result.to_dict()
         data["outcome"] = "xfailed" if hasattr(report, "wasxfail") else report.outcome
         data["skip_reason"] = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
-        data["baseline"] = getattr(item, "gradgate_baseline", None)    # "known", "stale" or None
+        data["baseline"] = getattr(item, "gradgate_baseline", None)    # "known", "stale", "changed" or None
         data["nodeid"] = item.nodeid
         # the fixture's run(): the test asserts on the result, its outcome is the test's own
         data["returned_to_test"] = getattr(item, "gradgate_result_returned", False)
         data["baseline_key"] = getattr(item, "gradgate_baseline_key", None)   # gate items only
-        if data["baseline"] == "stale":
+        if data["baseline"] in ("stale", "changed"):
             data["message"] = getattr(item, "gradgate_stale_text", data["message"])
         report.gradgate_result = data
         state = state_of(item.config)

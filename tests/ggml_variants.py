@@ -359,7 +359,16 @@ _SOFTMAX_BACK_FIXED_CODE = ("        for (int i = 0; i < nc; i++) { dx[i] = (dy[
 # still needs it (x + scale(x): the residual's share is scaled too).
 _SCALE_BACK_INPLACE_CODE = ("                ggml_add_or_set(ctx, cgraph, isrc0, ggml_scale_impl(ctx, grad, s, 0.0, true));"
                             " // pytest-gradgate's scale-back-inplace test variant\n")
-REGIME_VARIANTS = ("silu-back-overwrites", "softmax-back-fixed", "scale-back-inplace")
+# "scale-reads-contiguous": a fork that "fixes" SCALE's abort on a non-contiguous gradient (the
+# build-time assert in ggml_scale_impl and the kernel's contiguity assert taken out), so that the
+# kernel reads a laid-out gradient as if it were contiguous: upstream's known crash becomes a
+# wrong gradient under the same item id (issue 52).
+SCALE_IMPL_ASSERT = ("    GGML_ASSERT(ggml_is_padded_1d(a));\n\n"
+                     "    struct ggml_tensor * result = inplace ? ggml_view_tensor(ctx, a) : ggml_dup_tensor(ctx, a);\n\n"
+                     "    float params[2] = { s, b };\n")
+SCALE_KERNEL_ASSERT = ("    GGML_ASSERT(ggml_is_contiguous(src0));\n    GGML_ASSERT(ggml_is_contiguous(dst));\n"
+                       "    GGML_ASSERT(ggml_are_same_shape(src0, dst));\n\n    float s; // scale factor\n")
+REGIME_VARIANTS = ("silu-back-overwrites", "softmax-back-fixed", "scale-back-inplace", "scale-reads-contiguous")
 
 VARIANTS = (tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "heap-overflow", "unwritten", "race",
                                      "tf32-matmul", "tf32-matmul-scaled", "sub-sign", "input-strides", "transpose-half",
@@ -432,6 +441,9 @@ def make_variant(ggml_root, dest, name):
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", SILU_BACK_CALL, _SILU_BACK_OVERWRITES_CODE)
     elif name == "softmax-back-fixed":
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", SOFTMAX_BACK_STEPS, _SOFTMAX_BACK_FIXED_CODE)
+    elif name == "scale-reads-contiguous":
+        replace_once(dest / "src" / "ggml.c", SCALE_IMPL_ASSERT, SCALE_IMPL_ASSERT.split("\n", 2)[2])
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", SCALE_KERNEL_ASSERT, SCALE_KERNEL_ASSERT.split("\n", 1)[1])
     elif name == "scale-back-inplace":
         replace_once(dest / "src" / "ggml.c", SCALE_ANCHOR, _SCALE_BACK_INPLACE_CODE)
     elif name == "sub-sign":

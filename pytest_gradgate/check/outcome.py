@@ -95,3 +95,15 @@ class Diagnosis(_Word):
 
 # kinds that, behind a non-contiguous consumer, point at a backward that ignores grad's strides
 STRIDE_SUSPECTS = frozenset({Diagnosis.DISAGREE, Diagnosis.WRONG_SCALE, Diagnosis.WRONG_SIGN})
+
+
+# One misreading backward shows as any of these, by the draw: for matching a known failure (a
+# baseline's entry, explore's key) they are one kind
+MISREAD = "misread"
+_MISREAD_KINDS = frozenset({Diagnosis.DISAGREE, Diagnosis.WRONG_POSITIONS, Diagnosis.CONCENTRATED})
+
+
+def kind_family(kind):
+    """A failure's kind as a known failure is matched by: the misread kinds are one."""
+    kind = Diagnosis(str(kind or Diagnosis.DISAGREE))
+    return MISREAD if kind in _MISREAD_KINDS else str(kind)

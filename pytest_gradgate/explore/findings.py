@@ -37,11 +37,10 @@ Each key is reported once, with the smallest case seen for it.
 import json
 import re
 
-from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
+from pytest_gradgate.check.outcome import Diagnosis, Phase, Status, kind_family
 
 FINDING, DISCARD, UNSEARCHED, ERROR, PASSED = "finding", "discard", "unsearched", "error", "passed"
 CONTIGUOUS, LAID_OUT = "contiguous", "laid-out"     # a wrong gradient's site: the layout it came through
-MISREAD = "misread"
 _SITE = re.compile(r"([\w.-]+\.(?:c|cc|cpp|cu|h|m)):(\d+)")
 _DISCARD_STATUSES = {Status.NUMERIC_UNRELIABLE, Status.INCONCLUSIVE, Status.SKIPPED}
 JSON_SCHEMA = 1
@@ -77,9 +76,7 @@ def op_family(op):
 def class_family(kind):
     """A wrong gradient's class in the key: disagree, wrong-positions and a few wrong elements
     (concentrated) are one (misread): one misreading backward shows as any of them, by the draw."""
-    kind = str(kind or Diagnosis.DISAGREE)
-    return MISREAD if kind in (str(Diagnosis.DISAGREE), str(Diagnosis.WRONG_POSITIONS),
-                               str(Diagnosis.CONCENTRATED)) else kind
+    return kind_family(kind)
 
 
 MEMORY = "memory"       # a memory fault's site: the run named the node, not a layout

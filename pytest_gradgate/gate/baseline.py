@@ -31,6 +31,7 @@ import json
 import re
 from pathlib import Path
 
+from pytest_gradgate.check.outcome import Diagnosis, kind_family
 from pytest_gradgate.errors import GradgateError
 
 SCHEMA = 2
@@ -55,6 +56,30 @@ class BaselineError(GradgateError):
 
 def normalise_reason(text):
     return _ABS_SOURCE_PATH.sub(r"\1", (text or "").strip())
+
+
+# what drifts between two runs of one failure on trees a few edits apart: a source line number, an address
+_DRIFT = re.compile(r"(\.(?:c|cc|cpp|cu|h|m)):\d+|0x[0-9a-fA-F]+")
+# ggml's own abort text (ggml.c's GGML_ASSERT and GGML_ABORT), not ours
+_GGML_ABORT = re.compile(r"GGML_ASSERT\(.*\) failed|GGML_ABORT\(.*\)|fatal error")
+
+
+def without_drift(text):
+    return _DRIFT.sub(lambda m: m.group(1) or "", text or "")
+
+
+def kind_of(result):
+    """What a failure is, for matching it to a known one: its status and kind family (the misread
+    kinds are one), and for a ggml abort the assert it hit (line numbers left out), e.g.
+    `crashed ggml-abort GGML_ASSERT(ggml_is_padded_1d(a)) failed` or `failed misread`."""
+    r = result if isinstance(result, dict) else result.to_dict()
+    kind = kind_family(r.get("kind"))
+    text = f"{r['status']} {kind}"
+    if kind == str(Diagnosis.GGML_ABORT):
+        found = _GGML_ABORT.search(r.get("diagnosis") or r.get("message") or "")
+        if found:
+            text += " " + without_drift(found.group(0))
+    return text
 
 
 def reason_of(result):
@@ -116,7 +141,7 @@ class Baseline:
         for r in gated:
             # a skip (no backward in a built-in case) is not a failure, whatever the child's status
             if r["status"] in FAILURE_STATUSES and r.get("outcome") != "skipped":
-                entries[r["baseline_key"]] = {"status": r["status"], "reason": reason_of(r)}
+                entries[r["baseline_key"]] = {"status": r["status"], "reason": reason_of(r), "kind": kind_of(r)}
                 if r.get("phase") in ("allocation", "ggml-opt"):
                     # seen only in an allocation regime: a run that leaves the regimes out cannot see it
                     entries[r["baseline_key"]]["phase"] = r["phase"]
@@ -142,12 +167,26 @@ class Baseline:
 
 
 def xfail_reason(entry, result):
-    """The xfail text of a known failure: the recorded reason, plus what changed if anything."""
+    """The xfail text of a known failure: the recorded reason, plus what changed if anything
+    (moved source lines and addresses are not a change)."""
     text = f"known failure (baseline): {entry['status']}: {entry.get('reason') or '-'}"
     now = reason_of(result)
-    if result.status != entry["status"] or (now and now != entry.get("reason")):
+    if result.status != entry["status"] or (now and without_drift(now) != without_drift(entry.get("reason"))):
         text += f"; this run: {result.status}: {now}"
     return text
+
+
+def changed_kind(key, entry, result, baseline_path):
+    """None when this failure is the recorded one's kind, else the text of a failure: a known id
+    that now fails another way is a new bug (an abort 'fixed' into a wrong gradient), not a known
+    one. An entry recorded before kinds were is matched by its status."""
+    now = kind_of(result)
+    if result.status == entry["status"] and (not entry.get("kind") or entry["kind"] == now):
+        return None
+    was = entry.get("kind") or entry["status"]
+    return (f"{key}: a known failure that now fails another way: the baseline {baseline_path} records {was} "
+            f"({entry.get('reason') or '-'}); this run {now}: {reason_of(result)}. A new bug under a known id: "
+            "fix it, or record it again with --gradgate-update-baseline once it is understood")
 
 
 def key_of(item):

@@ -297,6 +297,11 @@ def _decide(item, result):
         item.gradgate_baseline = "known"
         pytest.xfail(f"recorded in the new baseline {baseline.path}: {baseline_file.reason_of(result)}")
     if known:
+        changed = baseline_file.changed_kind(item.gradgate_baseline_key, known, result, baseline.path)
+        if changed:
+            item.gradgate_baseline = "changed"
+            item.gradgate_stale_text = changed
+            raise GradgateFailure(result, text=changed)
         item.gradgate_baseline = "known"
         pytest.xfail(baseline_file.xfail_reason(known, result))
     raise GradgateFailure(result)

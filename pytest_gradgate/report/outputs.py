@@ -138,6 +138,8 @@ def one_line(r):
     """`MAA 4.44 > 1e-4: diagnosis` or `crashed in phase compute: diagnosis`."""
     if r.get("baseline") == "stale":
         return r.get("message") or "fixed: remove it from the baseline"
+    if r.get("baseline") == "changed":
+        return r.get("message") or "a known failure that now fails another way"
     limit = r.get("limit") or r.get("max_maa")
     # a case can fail with its MAA within the limit (an alias, a nondeterministic backward):
     # then the line says where it stopped, not a comparison that is false
