@@ -170,7 +170,10 @@ def pytest_report_header(config):
         lines.append(f"gradgate: parity against the reference ggml from {state.reference.source.label} "
                      "(--gradgate-reference-src): analytic gradients only, no finite differences")
     b = state.baseline
-    if b is not None:
+    if b is not None and b.upstream:
+        lines.append(f"gradgate: baseline: upstream {b.upstream}'s known failures ({b.path}, {len(b)} entries), which "
+                     "this tree's version says it is built on: a failure they lack is the fork's own and fails")
+    elif b is not None:
         line = f"gradgate: baseline {b.path} ({len(b)} known failures"
         if b.ggml_version:
             line += f", recorded on ggml {b.ggml_version}"
@@ -295,12 +298,12 @@ def pytest_runtest_makereport(item, call):
         data = result.to_dict()
         data["outcome"] = "xfailed" if hasattr(report, "wasxfail") else report.outcome
         data["skip_reason"] = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
-        data["baseline"] = getattr(item, "gradgate_baseline", None)    # "known", "stale", "changed" or None
+        data["baseline"] = getattr(item, "gradgate_baseline", None)    # "known", "stale", "changed", "own" or None
         data["nodeid"] = item.nodeid
         # the fixture's run(): the test asserts on the result, its outcome is the test's own
         data["returned_to_test"] = getattr(item, "gradgate_result_returned", False)
         data["baseline_key"] = getattr(item, "gradgate_baseline_key", None)   # gate items only
-        if data["baseline"] in ("stale", "changed"):
+        if data["baseline"] in ("stale", "changed", "own"):
             data["message"] = getattr(item, "gradgate_stale_text", data["message"])
         report.gradgate_result = data
         state = state_of(item.config)

@@ -43,6 +43,13 @@ def shipped_baseline(pinned):
     """The known failures shipped for a pinned source (library/source.py PINNED)."""
     return Path(__file__).parent / pinned.baseline
 
+
+def upstream_of(version):
+    """The pinned source of ggml `version` (a fork's upstream, when the fork says it is that
+    version), or None: its shipped baseline is upstream's known failures."""
+    from pytest_gradgate.library.source import PINNED
+    return PINNED.get(f"ggml-{version}")
+
 # ggml's abort lines carry the path it was compiled from: absolute, ggml/src/... where the build
 # shares objects between copies of one tree (library/cmake.py, SOURCE_LINK), or ../ggml-source/src/...
 # from a compiler without the prefix map (library/native/CMakeLists.txt); keep only the part inside the
@@ -94,6 +101,9 @@ class Baseline:
         self.entries = dict(entries or {})
         self.ggml_version = ggml_version
         self.explore = dict(explore or {})      # explore's known findings, see the module's docstring
+        # the pinned source's name when this is upstream's shipped baseline standing in for a fork's
+        # (read only: a failure it lacks is the fork's own)
+        self.upstream = None
 
     @classmethod
     def load(cls, path):
@@ -131,9 +141,21 @@ class Baseline:
     def __len__(self):
         return len(self.entries)
 
-    def updated(self, results, ggml_version):
+    def known(self, key):
+        """The entry that makes a failure known: not a fork's own failure recorded without an
+        'accepted' reason (see updated)."""
+        entry = self.entries.get(key)
+        return None if entry is None or (entry.get("own") and not entry.get("accepted")) else entry
+
+    def own_unaccepted(self):
+        return sorted(k for k, e in self.entries.items() if e.get("own") and not e.get("accepted"))
+
+    def updated(self, results, ggml_version, upstream=None):
         """A new baseline from this run's results: every case that ran is re-recorded (its
-        failure kept, its pass dropped); entries for cases this run did not select stay."""
+        failure kept, its pass dropped); entries for cases this run did not select stay.
+        `upstream`: the shipped baseline of the fork's upstream version: a failure it records
+        (same id, same kind) is recorded as upstream's, any other as the fork's own, which stays
+        red until its entry is given an "accepted" reason (kept across recordings of one kind)."""
         # only the gate's case items have a key: a fixture check is never looked up, so never recorded
         gated = [r for r in results if r.get("baseline_key")]
         ran = {r["baseline_key"] for r in gated}
@@ -145,6 +167,15 @@ class Baseline:
                 if r.get("phase") in ("allocation", "ggml-opt"):
                     # seen only in an allocation regime: a run that leaves the regimes out cannot see it
                     entries[r["baseline_key"]]["phase"] = r["phase"]
+                if upstream is not None:
+                    entry, theirs = entries[r["baseline_key"]], upstream.entries.get(r["baseline_key"])
+                    if theirs is not None and theirs.get("kind", entry["kind"]) == entry["kind"]:
+                        entry["upstream"] = upstream.upstream
+                    else:
+                        entry["own"] = upstream.upstream
+                        before = self.entries.get(r["baseline_key"]) or {}
+                        if before.get("accepted") and before.get("kind") == entry["kind"]:
+                            entry["accepted"] = before["accepted"]
         return Baseline(self.path, entries, ggml_version, self.explore)
 
     def record_explore(self, recorded, ggml_version=None):
@@ -174,6 +205,19 @@ def xfail_reason(entry, result):
     if result.status != entry["status"] or (now and without_drift(now) != without_drift(entry.get("reason"))):
         text += f"; this run: {result.status}: {now}"
     return text
+
+
+def own_text(entry, baseline):
+    """Why a failure of a fork is red although its tree's upstream has known failures: it is not
+    one of them (entry None: not recorded at all; else recorded as the fork's own, unaccepted)."""
+    if entry is None and baseline.upstream:
+        return (f"not in upstream {baseline.upstream}'s known failures (the shipped baseline this tree, which says "
+                f"it is ggml {baseline.upstream[len('ggml-'):]}, starts from): the fork's own failure")
+    if entry is not None and entry.get("own") and not entry.get("accepted"):
+        return (f"the fork's own failure (not in upstream {entry['own']}'s known failures), recorded in "
+                f"{baseline.path} without an \"accepted\" reason: fix it, or accept it by giving its entry "
+                "\"accepted\": \"<why>\"")
+    return None
 
 
 def changed_kind(key, entry, result, baseline_path):

@@ -268,7 +268,8 @@ def _decide(item, result):
     state = state_of(item.config)
     baseline = state.baseline
     item.gradgate_baseline_key = baseline_file.key_of(item)
-    known = baseline.get(item.gradgate_baseline_key) if baseline is not None else None
+    recorded = baseline.get(item.gradgate_baseline_key) if baseline is not None else None
+    known = baseline.known(item.gradgate_baseline_key) if baseline is not None else None
     if result.status == Status.PASSED:
         if result.power is False:
             item.warn(pytest.PytestWarning(f"gradgate: {item.case.id} is blind: {result.diagnosis}"))
@@ -277,6 +278,11 @@ def _decide(item, result):
                 f"gradgate: {item.case.id} did not pass in a child that had run earlier cases, and passed in a "
                 "fresh one: its outcome depends on what ran before it in the process (state that leaks from "
                 "case to case in ggml, or a flaky check); --gradgate-isolate fresh runs every case in a fresh child"))
+        if recorded and baseline.upstream:
+            # upstream's failure, fixed in this fork: good news, and not the fork's file to shrink
+            item.warn(pytest.PytestWarning(f"gradgate: {item.case.id} passes here; upstream {baseline.upstream} "
+                                           "records it as a known failure"))
+            return
         if known and known.get("phase") in (str(Phase.ALLOCATION), str(Phase.GGML_OPT)) and item.case.alloc != "all":
             # recorded in an allocation regime this run did not select: not seen, so neither fixed nor known
             pytest.skip(f"not checked: the baseline records a failure in an allocation regime that "
@@ -304,6 +310,12 @@ def _decide(item, result):
             raise GradgateFailure(result, text=changed)
         item.gradgate_baseline = "known"
         pytest.xfail(baseline_file.xfail_reason(known, result))
+    own = baseline_file.own_text(recorded, baseline) if baseline is not None else None
+    if own:
+        from pytest_gradgate.report.text import format_result
+        item.gradgate_baseline = "own"
+        item.gradgate_stale_text = own
+        raise GradgateFailure(result, text=f"{own}\n{format_result(result)}")
     raise GradgateFailure(result)
 
 

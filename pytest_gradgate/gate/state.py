@@ -53,6 +53,7 @@ class GateState:
         self.start_failures_in_a_row = 0
         self.baseline = None            # known failures (baseline.Baseline), see load_baseline
         self.baseline_note = None       # why --gradgate-update-baseline did not keep the old entries
+        self.upstream = None            # a fork's upstream's shipped baseline (load_baseline)
         self.update_baseline = config.getoption("gradgate_update_baseline")
 
     # -- source and build ----------------------------------------------------------------
@@ -265,9 +266,19 @@ class GateState:
         """The baseline given, else the shipped one when the source is a pinned one."""
         from pytest_gradgate.gate import baseline as baseline_file
         path = self.settings["baseline"]
-        pinned = self.choose_source().pinned
+        source = self.choose_source()
+        pinned = source.pinned
         if path is None and pinned is not None:
             path = baseline_file.shipped_baseline(pinned)
+        # a fork (a tree that is not pinned) of a version whose upstream baseline is shipped starts
+        # from upstream's known failures: what they lack is the fork's own, red until accepted
+        upstream_pin = baseline_file.upstream_of(source.version) if pinned is None else None
+        if upstream_pin is not None:
+            self.upstream = baseline_file.Baseline.load(baseline_file.shipped_baseline(upstream_pin))
+            self.upstream.upstream = upstream_pin.name
+            if path is None and not self.update_baseline:
+                self.baseline = self.upstream
+                return self.baseline
         if self.update_baseline and path is None:
             raise GradgateError("--gradgate-update-baseline: name the file to write with --gradgate-baseline FILE "
                                 "(or ini gradgate_baseline / env GRADGATE_BASELINE)")

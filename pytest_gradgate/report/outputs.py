@@ -140,6 +140,8 @@ def one_line(r):
         return r.get("message") or "fixed: remove it from the baseline"
     if r.get("baseline") == "changed":
         return r.get("message") or "a known failure that now fails another way"
+    if r.get("baseline") == "own":
+        return f"{r.get('message')}: {one_line({**r, 'baseline': None, 'message': ''})}"
     limit = r.get("limit") or r.get("max_maa")
     # a case can fail with its MAA within the limit (an alias, a nondeterministic backward):
     # then the line says where it stopped, not a comparison that is false
@@ -263,7 +265,7 @@ class GateOutputs:
                 self.write_errors.append(f"could not write the JSON report (--gradgate-json): {exc}")
         if state.update_baseline and state.baseline is not None:
             version = (state.build_facts or {}).get("built_version")
-            state.baseline = state.baseline.updated(state.results, version)
+            state.baseline = state.baseline.updated(state.results, version, getattr(state, "upstream", None))
             try:
                 state.baseline.save()
             except OSError as exc:
@@ -284,8 +286,19 @@ class GateOutputs:
         for error in getattr(self, "write_errors", ()):
             terminalreporter.write_line(f"gradgate: {error}", red=True)
         if self.state.update_baseline and self.state.baseline is not None:
-            terminalreporter.write_line(f"gradgate: baseline written to {self.state.baseline.path} "
-                                        f"({len(self.state.baseline)} known failures)")
+            b = self.state.baseline
+            upstream = getattr(self.state, "upstream", None)
+            if upstream is None:
+                terminalreporter.write_line(f"gradgate: baseline written to {b.path} ({len(b)} known failures)")
+            else:
+                own = b.own_unaccepted()
+                theirs = sum(1 for e in b.entries.values() if e.get("upstream"))
+                terminalreporter.write_line(
+                    f"gradgate: baseline written to {b.path}: {len(b)} entries, {theirs} of them upstream "
+                    f"{upstream.upstream}'s known failures; {len(own)} the fork's own, not accepted: each stays red "
+                    "until its entry is given an \"accepted\": \"<why>\" reason", yellow=bool(own))
+                for key in own:
+                    terminalreporter.write_line(f"  the fork's own: {key}: {b.entries[key].get('reason')}")
         if on_github_actions():
             for line in annotations(self.state.results, invalid=self.state.invalid_cases):
                 terminalreporter.write_line(line)
