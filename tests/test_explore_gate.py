@@ -167,20 +167,21 @@ def test_a_planted_bug_still_fails_the_gate_with_a_shrunk_case(tmp_path, uncaugh
 
 @pytest.mark.slow
 def test_a_forks_first_run_says_once_how_to_record_its_baseline(pytester, tmp_path, uncaught):
-    """A tree that is not a pinned source (here a patched copy of the default) has no baseline:
-    its upstream failures are all red, and the run says once, after them, what to do. Seen
-    failing with the note removed from plugin.py and cli/explore.py."""
+    """A tree that is not a pinned source (here a patched copy of the default) but says it is ggml
+    0.15.3 starts from upstream 0.15.3's shipped baseline (tests/test_fork_baseline.py): its
+    upstream failures xfail, and no note is needed; recording its baseline keeps them upstream's.
+    Explore (cli/explore.py) does not start from upstream yet: it says once, after its findings,
+    how to record them. Seen failing with the note removed from cli/explore.py."""
     result = pytester.runpytest_subprocess("--gradgate", f"--gradgate-ggml-src={uncaught}", "-k", "add1_vector",
                                            "-p", "no:cacheprovider")
-    assert result.ret == 1
-    text = result.stdout.str()
-    assert text.count("is not a pinned source") == 1, text
-    result.stdout.fnmatch_lines(["*record them once: pytest --gradgate --gradgate-ggml-src=* "
-                                 "--gradgate-update-baseline --gradgate-baseline=gradgate-baseline.json*"])
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    result.stdout.fnmatch_lines(["gradgate: baseline: upstream ggml-0.15.3's known failures (*"])
+    assert "is not a pinned source" not in result.stdout.str()
     recorded = pytester.runpytest_subprocess("--gradgate", f"--gradgate-ggml-src={uncaught}", "-k", "add1_vector",
                                              "--gradgate-update-baseline", "--gradgate-baseline=gradgate-baseline.json",
                                              "-p", "no:cacheprovider")
     assert recorded.ret == 0
+    recorded.stdout.fnmatch_lines(["*of them upstream ggml-0.15.3's known failures; 0 the fork's own*"])
     gated = pytester.runpytest_subprocess("--gradgate", f"--gradgate-ggml-src={uncaught}", "-k", "add1_vector",
                                           "--gradgate-baseline=gradgate-baseline.json", "-p", "no:cacheprovider")
     assert gated.ret == 0 and "is not a pinned source" not in gated.stdout.str()

@@ -227,8 +227,13 @@ def test_the_cpu_jobs_own_command_line_on_a_fork_with_a_baseline(tmp_path, defau
                              "--gradgate-baseline", "gradgate-baseline.json", "--gradgate-update-baseline"],
                             cwd=workspace, env=env, capture_output=True, text=True, timeout=600)
     assert record.returncode == 0, record.stdout + record.stderr
-    keys = set(json.loads((workspace / "gradgate-baseline.json").read_text())["entries"])
-    assert keys == {"tests/gradgate_cases.yaml::my_silu[transpose-sqr-cpu]"}
+    recorded = json.loads((workspace / "gradgate-baseline.json").read_text())
+    assert set(recorded["entries"]) == {"tests/gradgate_cases.yaml::my_silu[transpose-sqr-cpu]"}
+    # a fork of 0.15.3: its own case's failure is the fork's own, known only once accepted (docs/fork.md)
+    for entry in recorded["entries"].values():
+        assert entry["own"] == "ggml-0.15.3"
+        entry["accepted"] = "SILU's backward misreads a transposed gradient; fixed upstream later"
+    (workspace / "gradgate-baseline.json").write_text(json.dumps(recorded))
 
     script, workdir, workflow_env = _gate_step_script()
     assert workdir == "${{ runner.temp }}"

@@ -141,7 +141,7 @@ def one_line(r):
     if r.get("baseline") == "changed":
         return r.get("message") or "a known failure that now fails another way"
     if r.get("baseline") == "own":
-        return f"{r.get('message')}: {one_line({**r, 'baseline': None, 'message': ''})}"
+        return f"{r.get('baseline_note')}: {one_line({**r, 'baseline': None})}"
     limit = r.get("limit") or r.get("max_maa")
     # a case can fail with its MAA within the limit (an alias, a nondeterministic backward):
     # then the line says where it stopped, not a comparison that is false
