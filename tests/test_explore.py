@@ -181,3 +181,18 @@ def test_a_wrong_gradient_is_known_only_through_the_same_layout_and_family_of_di
     assert known.match(("silu", "disagree", ""), "failed", case("transpose"))
     assert known.match(("silu", "wrong-positions", ""), "failed", case("none", "permute_0213"))
     assert not known.match(("silu", "disagree", ""), "failed", case("none"))
+
+
+def test_printed_commands_name_the_tree_under_test(default_ggml):
+    """Issue 52: explore's replay command and its pytest commands ran the default ggml, silently,
+    whatever tree the search had run on. Each now carries the tree (and the default, none)."""
+    from pytest_gradgate.cli.explore import header_text, replay_command
+    from pytest_gradgate.library.source import resolve_source
+    stats = {"seed": 3, "jobs": 1, "budget_s": 5.0, "counts": {}, "discarded": {}, "search_s": 5.0,
+             "cases_per_s": 1.0}
+    fork = resolve_source(str(default_ggml), None)
+    assert "pytest --gradgate --gradgate-ggml-src " + str(default_ggml) + " --gradgate-no-builtin" in header_text(fork, stats)
+    assert "pytest --gradgate --gradgate-ggml-src ggml-0.26.0 " in header_text(resolve_source("ggml-0.26.0", None), stats)
+    assert "pytest --gradgate --gradgate-no-builtin" in header_text(resolve_source(None, None), stats)
+    assert replay_command(stats, False, str(default_ggml)).startswith(f"gradgate explore --ggml-src {default_ggml} --seed 3")
+    assert replay_command(stats, False).startswith("gradgate explore --seed 3")

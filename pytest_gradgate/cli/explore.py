@@ -147,8 +147,16 @@ def first_run_text(source, stats, ops_given):
     return text(source.label, record, what="finding")
 
 
-def replay_command(stats, ops_given):
-    cmd = f"gradgate explore --seed {stats['seed']} -n {stats['jobs']} --budget {stats['budget_s']:g}s"
+def _tree_options(ggml_src, option):
+    """The tree under test as an option of a printed command (none for the default): without it
+    the command would run the default ggml, silently."""
+    import shlex
+    return f" {option} {shlex.quote(str(ggml_src))}" if ggml_src else ""
+
+
+def replay_command(stats, ops_given, ggml_src=None):
+    cmd = (f"gradgate explore{_tree_options(ggml_src, '--ggml-src')} --seed {stats['seed']} -n {stats['jobs']} "
+           f"--budget {stats['budget_s']:g}s")
     if stats.get("case_files"):
         cmd += " --cases " + " ".join(stats["case_files"])
     if stats.get("consumers"):
@@ -157,9 +165,11 @@ def replay_command(stats, ops_given):
 
 
 def header_text(source, stats):
+    named = None if source.origin == "default" else source.pinned.name if source.pinned is not None else source.label
+    tree = _tree_options(named, "--gradgate-ggml-src")
     return (f"Findings of gradgate explore on ggml {source.version} from {source.label}\n"
             f"(seed {stats['seed']}, {stats['jobs']} job(s), budget {stats['budget_s']:g} s). Run them with:\n"
-            "  pytest --gradgate --gradgate-no-builtin --gradgate-cases THIS_FILE")
+            f"  pytest --gradgate{tree} --gradgate-no-builtin --gradgate-cases THIS_FILE")
 
 
 def summary_text(found, stats, args=None):
@@ -176,7 +186,9 @@ def summary_text(found, stats, args=None):
         lines.append(f"not searched (no backward in this ggml, so nothing to check): {', '.join(stats['no_backward'])}")
     known = sum(1 for f in found if f.known)
     lines.append(f"{len(found)} finding(s), {known} known from the baseline" + (":" if found else ""))
-    replay = replay_command(stats, bool(args and args.ops))
+    ggml_src = getattr(args, "ggml_src", None) if args else None
+    replay = replay_command(stats, bool(args and args.ops), ggml_src)
+    tree = _tree_options(ggml_src, "--gradgate-ggml-src")
     for i, f in enumerate(found, 1):
         lines.append("")
         mark = f"  [known: {f.known['node']}]" if f.known else "  [NEW]"
@@ -197,7 +209,7 @@ def summary_text(found, stats, args=None):
             reproduced = f" (failed the same way in {f.reproduced['runs']} of {f.reproduced['runs']} more runs)" \
                 if f.reproduced else ""
             lines.append(f"   case{reproduced}, item {node_name(f.mapping)} (paste under `cases:`; run it with "
-                         f"pytest --gradgate \"FILE::{node_name(f.mapping)}\"):")
+                         f"pytest --gradgate{tree} \"FILE::{node_name(f.mapping)}\"):")
         body = yaml.safe_dump([f.mapping], sort_keys=False, default_flow_style=None, width=110)
         lines.extend("     " + line for line in body.splitlines())
     return "\n".join(lines)
