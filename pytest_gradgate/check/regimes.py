@@ -203,8 +203,11 @@ def _failure(g, gb, failing, culprit, own, shapes):
 
 def _through_ggml_opt(lib, case, own):
     """The case trained by ggml-opt (two micro-batches of the same values) -> [Run] of the first
-    micro-batch's gradient and of the accumulated two, each against memory of its own (the
-    accumulated against twice it). [] where ggml-opt cannot take the case, which says why."""
+    micro-batch's gradient and of the accumulated two, halved, each against memory of its own.
+    [] where ggml-opt cannot take the case: a loss that is not a sum, or a tree whose ggml-opt
+    predates its SGD optimizer (gg_opt_supported; the report's alloc then lists no ggml-opt run)."""
+    if not lib.gg_opt_supported():
+        return []
     lines = parse_graph(case.graph)
     g = GraphBuilder(lib, case, n_tensors=3 * graph_tensors(case, lines), graph_room=GGML_OPT_GRAPH_SIZE)
     ffi = g.ffi

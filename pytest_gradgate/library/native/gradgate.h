@@ -93,6 +93,7 @@ struct ggml_tensor * gg_tensor_src(const struct ggml_tensor * t, int j);
  * (more than 1: gradient accumulators, which gg_opt_grad_acc returns). gg_opt_step: one
  * micro-batch (ggml_opt_alloc + ggml_opt_eval). NULL from gg_opt_new: out of memory. */
 struct gg_opt;
+int gg_opt_supported(void);     /* 0: this tree's ggml-opt predates its SGD optimizer (2025-08) */
 struct gg_opt * gg_opt_new(struct gg_session * s, struct ggml_context * ctx, struct ggml_tensor * outputs, int opt_period,
                            float lr);
 void gg_opt_step(struct gg_opt * o);

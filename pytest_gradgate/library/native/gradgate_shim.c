@@ -3,7 +3,9 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
+#ifdef GRADGATE_HAVE_GGML_OPT
 #include "ggml-opt.h"
+#endif
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,7 +17,7 @@
 
 #include "gradgate.h"
 
-#define GG_ABI_VERSION 7
+#define GG_ABI_VERSION 8
 
 int gg_abi_version(void) { return GG_ABI_VERSION; }
 
@@ -595,6 +597,9 @@ int gg_graph_aliases(struct ggml_cgraph * g, int * nodes, int * srcs, int max) {
 // The case's graph trained as llama.cpp trains: ggml_opt_init over a backend scheduler, its own
 // gradient graph with gradient accumulators, SGD with weight decay 0. Leaves (params, inputs,
 // constants) live in a static buffer, as ggml-opt asks of a model's context.
+#ifdef GRADGATE_HAVE_GGML_OPT
+int gg_opt_supported(void) { return 1; }
+
 struct gg_opt {
     ggml_backend_sched_t sched;
     ggml_opt_context_t opt;
@@ -682,6 +687,20 @@ void gg_opt_step(struct gg_opt * o) {
 struct ggml_tensor * gg_opt_grad_acc(struct gg_opt * o, struct ggml_tensor * param) {
     return ggml_opt_grad_acc(o->opt, param);
 }
+
+#else
+// a tree whose ggml-opt predates its SGD optimizer: no ggml-opt path (gg_opt_supported says so)
+struct gg_opt { int unused; };
+int gg_opt_supported(void) { return 0; }
+struct gg_opt * gg_opt_new(struct gg_session * s, struct ggml_context * ctx, struct ggml_tensor * outputs, int opt_period,
+                           float lr) {
+    (void) s; (void) ctx; (void) outputs; (void) opt_period; (void) lr;
+    return NULL;
+}
+void gg_opt_step(struct gg_opt * o) { (void) o; }
+struct ggml_tensor * gg_opt_grad_acc(struct gg_opt * o, struct ggml_tensor * param) { (void) o; (void) param; return NULL; }
+void gg_opt_free(struct gg_opt * o) { (void) o; }
+#endif
 
 struct ggml_tensor * gg_graph_node(struct ggml_cgraph * g, int i) { return ggml_graph_node(g, i); }
 
