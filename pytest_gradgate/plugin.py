@@ -304,10 +304,10 @@ def pytest_runtest_makereport(item, call):
         data["returned_to_test"] = getattr(item, "gradgate_result_returned", False)
         data["baseline_key"] = getattr(item, "gradgate_baseline_key", None)   # gate items only
         if data["baseline"] in ("stale", "changed"):
-            data["message"] = getattr(item, "gradgate_stale_text", data["message"])
+            data["message"] = getattr(item, "gradgate_baseline_text", data["message"])
         elif data["baseline"] == "own":
             # said before the failure's own line, which stays as it is (the JSON's message included)
-            data["baseline_note"] = getattr(item, "gradgate_stale_text", "")
+            data["baseline_note"] = getattr(item, "gradgate_baseline_text", "")
         report.gradgate_result = data
         state = state_of(item.config)
         facts = state.build_facts

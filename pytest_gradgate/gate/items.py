@@ -290,8 +290,8 @@ def _decide(item, result):
         if known and not state.update_baseline:
             # like a strict xfail: a fixed case must leave the baseline, or it could regress unseen
             item.gradgate_baseline = "stale"
-            item.gradgate_stale_text = baseline_file.stale_text(item.gradgate_baseline_key, known, baseline.path)
-            raise GradgateFailure(result, text=item.gradgate_stale_text)
+            item.gradgate_baseline_text = baseline_file.stale_text(item.gradgate_baseline_key, known, baseline.path)
+            raise GradgateFailure(result, text=item.gradgate_baseline_text)
         return
     if item.case.builtin and result.no_backward:
         pytest.skip(f"{result.diagnosis} ({result.message})")
@@ -306,7 +306,7 @@ def _decide(item, result):
         changed = baseline_file.changed_kind(item.gradgate_baseline_key, known, result, baseline.path)
         if changed:
             item.gradgate_baseline = "changed"
-            item.gradgate_stale_text = changed
+            item.gradgate_baseline_text = changed
             raise GradgateFailure(result, text=changed)
         item.gradgate_baseline = "known"
         pytest.xfail(baseline_file.xfail_reason(known, result))
@@ -314,7 +314,7 @@ def _decide(item, result):
     if own:
         from pytest_gradgate.report.text import format_result
         item.gradgate_baseline = "own"
-        item.gradgate_stale_text = own
+        item.gradgate_baseline_text = own
         raise GradgateFailure(result, text=f"{own}\n{format_result(result)}")
     raise GradgateFailure(result)
 
