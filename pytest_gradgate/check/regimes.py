@@ -160,7 +160,7 @@ def _aliases(lib, ffi, gb):
 
 
 def _op(g, gb, i):
-    return g.ffi.string(g.lib.gg_tensor_op_name(g.lib.gg_graph_node(gb, i))).decode()
+    return _op_of(g, g.lib.gg_graph_node(gb, i))
 
 
 def describe_regime(regime):

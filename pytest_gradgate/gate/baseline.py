@@ -145,10 +145,10 @@ class Baseline:
         """The entry that makes a failure known: not a fork's own failure recorded without an
         'accepted' reason (see updated)."""
         entry = self.entries.get(key)
-        return None if entry is None or (entry.get("own") and not entry.get("accepted")) else entry
+        return None if entry is None or _unaccepted(entry) else entry
 
     def own_unaccepted(self):
-        return sorted(k for k, e in self.entries.items() if e.get("own") and not e.get("accepted"))
+        return sorted(k for k, e in self.entries.items() if _unaccepted(e))
 
     def updated(self, results, ggml_version, upstream=None):
         """A new baseline from this run's results: every case that ran is re-recorded (its
@@ -207,13 +207,18 @@ def xfail_reason(entry, result):
     return text
 
 
+def _unaccepted(entry):
+    """A fork's own failure recorded without an "accepted" reason: not known, still red."""
+    return bool(entry.get("own")) and not entry.get("accepted")
+
+
 def own_text(entry, baseline):
     """Why a failure of a fork is red although its tree's upstream has known failures: it is not
     one of them (entry None: not recorded at all; else recorded as the fork's own, unaccepted)."""
     if entry is None and baseline.upstream:
         return (f"not in upstream {baseline.upstream}'s known failures (the shipped baseline this tree, which says "
                 f"it is ggml {baseline.upstream[len('ggml-'):]}, starts from): the fork's own failure")
-    if entry is not None and entry.get("own") and not entry.get("accepted"):
+    if entry is not None and _unaccepted(entry):
         return (f"the fork's own failure (not in upstream {entry['own']}'s known failures), recorded in "
                 f"{baseline.path} without an \"accepted\" reason: fix it, or accept it by giving its entry "
                 "\"accepted\": \"<why>\"")
