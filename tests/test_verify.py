@@ -121,3 +121,42 @@ def test_a_ref_outside_a_git_repository_is_a_clear_error(ggml_variant, cases, ca
     code = cli_main(["verify", "--revert", "HEAD", "--ggml-src", str(fixed), "--cases", str(cases)])
     assert code == 2
     assert "is not in a git repository" in capsys.readouterr().err
+
+
+def _snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_workdir_never_writes_over_a_users_files(ggml_variant, fix_patch, cases, tmp_path, capsys):
+    """--workdir DIR holding the user's own pytest.ini, reports and a reverted/ folder: verify
+    writes only in DIR/gradgate-verify, before and after reading --revert, and refuses a
+    gradgate-verify folder it did not make."""
+    fixed, _ = ggml_variant("concat-fixed")
+    user = tmp_path / "user-dir"
+    (user / "reverted").mkdir(parents=True)
+    (user / "pytest.ini").write_text("[pytest]\naddopts = -x\n")
+    (user / "with.json").write_text('{"mine": 1}\n')
+    (user / "reverted" / "change.patch").write_text("my patch\n")
+    before = _snapshot(user)
+
+    code = cli_main(["verify", "--revert", "no-such-ref", "--ggml-src", str(fixed), "--cases", str(cases),
+                     "--workdir", str(user)])
+    assert code == 2
+    assert _snapshot(user) == before and not (user / "gradgate-verify").exists()
+
+    code = cli_main(["verify", "--revert", str(fix_patch), "--ggml-src", str(fixed), "--cases", str(cases),
+                     "-k", "sqr and not sum", "--workdir", str(user)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    after = _snapshot(user)
+    assert {k: v for k, v in after.items() if not k.startswith("gradgate-verify/")} == before
+    assert (user / "gradgate-verify" / "with.json").is_file()
+
+    stranger = tmp_path / "other"
+    (stranger / "gradgate-verify").mkdir(parents=True)
+    (stranger / "gradgate-verify" / "notes.txt").write_text("mine\n")
+    code = cli_main(["verify", "--revert", str(fix_patch), "--ggml-src", str(fixed), "--cases", str(cases),
+                     "--workdir", str(stranger)])
+    assert code == 2
+    assert "was not made by gradgate verify" in capsys.readouterr().err
+    assert _snapshot(stranger) == {"gradgate-verify/notes.txt": b"mine\n"}

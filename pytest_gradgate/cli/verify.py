@@ -25,6 +25,21 @@ class VerifyError(UsageError):
     """Bad input to verify (exit 2): a REF not found, a patch that does not apply, no case selected."""
 
 
+# verify writes only inside a folder of its own under --workdir, marked as verify's by a file,
+# so that a user's DIR/pytest.ini, reports or sources are never written over
+OWN_FOLDER = "gradgate-verify"
+OWN_MARK = ".made-by-gradgate-verify"
+
+
+def own_folder(workdir):
+    """The folder under --workdir DIR that verify writes in; refuses one it did not make."""
+    folder = Path(workdir).resolve() / OWN_FOLDER
+    if folder.exists() and not (folder / OWN_MARK).is_file():
+        raise VerifyError(f"--workdir {workdir}: {folder} exists and was not made by gradgate verify; "
+                          "it is left as it is: give another --workdir, or move that folder away")
+    return folder
+
+
 def add_arguments(p):
     p.add_argument("--revert", required=True, metavar="REF|PATCH",
                    help="the change: a commit of the ggml tree's git repository, or a unified diff file "
@@ -35,8 +50,8 @@ def add_arguments(p):
     p.add_argument("--cases", action="append", metavar="FILE",
                    help="YAML case file(s) to run instead of the built-in suite (repeatable)")
     p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"), help="backend to run the cases on")
-    p.add_argument("--workdir", metavar="DIR", help="keep the reverted copy and the reports here "
-                                                     "(default: a temporary folder, removed afterwards)")
+    p.add_argument("--workdir", metavar="DIR", help="keep the reverted copy and the reports in DIR/" + OWN_FOLDER
+                                                     + " (default: a temporary folder, removed afterwards)")
 
 
 # -- the change ------------------------------------------------------------------------------
@@ -182,15 +197,20 @@ def verify(args):
     for f in args.cases or ():
         if not Path(f).is_file():
             raise VerifyError(f"--cases {f}: not a file")
+    # the change is read before anything is written: bad input leaves no trace
+    if Path(args.revert).is_file():
+        patch_text, what = Path(args.revert).read_text(), f"patch {args.revert}"
+    else:
+        patch_text, what = diff_of_commit(args.revert, root)
     keep = args.workdir is not None
-    workdir = Path(args.workdir).resolve() if keep else Path(tempfile.mkdtemp(prefix="gradgate-verify-"))
-    try:
+    if keep:
+        workdir = own_folder(args.workdir)
         workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / OWN_MARK).touch()
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="gradgate-verify-"))
+    try:
         (workdir / "pytest.ini").write_text("[pytest]\n")
-        if Path(args.revert).is_file():
-            patch_text, what = Path(args.revert).read_text(), f"patch {args.revert}"
-        else:
-            patch_text, what = diff_of_commit(args.revert, root)
         reverted_dir = workdir / "reverted" / "ggml"
         if reverted_dir.exists():
             shutil.rmtree(reverted_dir)
