@@ -112,8 +112,14 @@ def run(args):
         _progress(f"wrote {args.out} and {json_path(args.out)}")
     new = [f for f in found if f.known is None]
     if args.update_baseline:
-        recorded = baseline.record_explore(findings_mod.baseline_entries(new), source.version)
-        baseline.save()
+        entries = findings_mod.baseline_entries(new)
+        recorded = baseline.record_explore(entries, source.version)
+
+        def change(current):      # the file as other runs left it, plus this run's findings
+            current.record_explore(entries, source.version)
+            return current
+        from pytest_gradgate.gate.baseline import record
+        baseline = record(baseline.path, change)
         _progress(f"recorded {recorded} new finding(s) as known in {baseline.path} ({len(baseline.explore)} explore "
                   f"finding(s) and {len(baseline)} suite failure(s) in it)")
         return 0
@@ -222,6 +228,6 @@ def json_path(out):
 def write_out(out, found, stats, header):
     import json
     from pytest_gradgate.explore import findings as findings_mod
-    from pytest_gradgate.report.outputs import write_atomically
+    from pytest_gradgate.atomic_file import write_atomically
     write_atomically(Path(out), findings_mod.case_file_text(found, header))
     write_atomically(json_path(out), json.dumps(findings_mod.json_report(found, stats), indent=1) + "\n")

@@ -23,13 +23,23 @@ in another draw of another seed:
 The case is the smallest one that run found, for a reader to rerun. Recording adds and
 replaces explore entries, never drops one: a random search that did not meet a failure this
 time is no evidence that it is gone. Files without `explore` stay valid.
+Runs that record into one baseline at once (a CI matrix, `-n`, several explore runs) each
+re-read the file and write their changes over it under a lock on its folder (`record`), so that
+each adds its own entries and none loses another's.
 Skips (e.g. an op without a backward in the built-in suite) are not failures and never
 become entries.
 """
 
 import json
+import os
 import re
+from contextlib import contextmanager
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:      # not POSIX: recording is not guarded against concurrent writers
+    fcntl = None
 
 from pytest_gradgate.check.outcome import Diagnosis, kind_family
 from pytest_gradgate.errors import GradgateError
@@ -101,6 +111,7 @@ class Baseline:
         self.entries = dict(entries or {})
         self.ggml_version = ggml_version
         self.explore = dict(explore or {})      # explore's known findings, see the module's docstring
+        self.explore_added = {}                 # those this run recorded, for record() to merge
         # the pinned source's name when this is upstream's shipped baseline standing in for a fork's
         # (read only: a failure it lacks is the fork's own)
         self.upstream = None
@@ -176,7 +187,9 @@ class Baseline:
                         before = self.entries.get(r["baseline_key"]) or {}
                         if before.get("accepted") and before.get("kind") == entry["kind"]:
                             entry["accepted"] = before["accepted"]
-        return Baseline(self.path, entries, ggml_version, self.explore)
+        new = Baseline(self.path, entries, ggml_version, self.explore)
+        new.explore_added = dict(self.explore_added)
+        return new
 
     def record_explore(self, recorded, ggml_version=None):
         """Record explore's findings as known, `recorded` as explore/findings.py
@@ -184,6 +197,7 @@ class Baseline:
         docstring); -> how many were not recorded before."""
         new = sum(1 for key in recorded if key not in self.explore)
         self.explore.update(recorded)
+        self.explore_added.update(recorded)
         if ggml_version and not self.ggml_version:
             self.ggml_version = ggml_version
         return new
@@ -193,8 +207,40 @@ class Baseline:
                 "entries": {k: self.entries[k] for k in sorted(self.entries)}}
         if self.explore:
             data["explore"] = {k: self.explore[k] for k in sorted(self.explore)}
-        from pytest_gradgate.report.outputs import write_atomically
+        from pytest_gradgate.atomic_file import write_atomically
         write_atomically(self.path, json.dumps(data, indent=1) + "\n")
+
+
+@contextmanager
+def _folder_locked(folder):
+    """An exclusive lock on the folder (not on the file: the file is replaced by a rename, and a
+    lock on the old one would not hold a second writer back), released when the block ends."""
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)        # closing the descriptor releases the lock
+
+
+def record(path, change):
+    """Read the baseline at `path` as it is now, apply `change` (Baseline -> Baseline) and
+    write the result, all under a lock: another run's entries written since this run loaded
+    the file are kept. A file that is missing or unreadable now starts empty (the user asked
+    for it to be rewritten). -> the Baseline written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _folder_locked(path.parent):
+        try:
+            current = Baseline.load(path)
+        except BaselineError:
+            current = Baseline(path)
+        written = change(current)
+        written.save()
+    return written
 
 
 def xfail_reason(entry, result):

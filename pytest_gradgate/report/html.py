@@ -21,13 +21,12 @@ Everything that comes from a case or from ggml is escaped.
 import base64
 import html
 import io
-import os
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from pytest_gradgate.atomic_file import write_atomically
 from pytest_gradgate.report.counts import count_text, item_outcomes, returned_to_test, tests_of
 from pytest_gradgate.report.text import format_number as _num
 
@@ -416,11 +415,5 @@ def render(results, meta=None, tests=None):
 def write(path, results, meta=None, tests=None):
     """Render and write atomically (a half-written report is worse than none)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = render(results, meta, tests)
-    fd, tmp = tempfile.mkstemp(prefix=".gradgate-", suffix=".html", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o644)             # mkstemp makes it private; a report is for sharing
-    os.replace(tmp, path)
+    write_atomically(path, render(results, meta, tests))    # its temp file is removed on every path
     return path

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_gradgate.atomic_file import write_atomically
 from pytest_gradgate.report.counts import count_text, tests_of
 from pytest_gradgate.report.text import format_number as _fmt
 
@@ -86,20 +87,6 @@ def report(results, facts=None, backends=(), baseline=None, exitstatus=None, inv
                           for bad in invalid],
     }
     return finite_json(doc)
-
-
-def write_atomically(path, text):
-    """Write `text` to a temporary sibling, then rename it into place; a failure leaves
-    neither a partial file nor the temporary one behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_report(path, doc):
@@ -265,9 +252,15 @@ class GateOutputs:
                 self.write_errors.append(f"could not write the JSON report (--gradgate-json): {exc}")
         if state.update_baseline and state.baseline is not None:
             version = (state.build_facts or {}).get("built_version")
-            state.baseline = state.baseline.updated(state.results, version, getattr(state, "upstream", None))
+            from pytest_gradgate.gate import baseline as baseline_file
+            ran, upstream = state.baseline, getattr(state, "upstream", None)
+
+            def change(current):
+                # this run's explore findings and results, over the file as other runs left it
+                current.record_explore(ran.explore_added)
+                return current.updated(state.results, version, upstream)
             try:
-                state.baseline.save()
+                state.baseline = baseline_file.record(ran.path, change)
             except OSError as exc:
                 self.write_errors.append(f"could not write the baseline (--gradgate-baseline): {exc}")
                 state.baseline = None
