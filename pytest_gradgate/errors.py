@@ -44,4 +44,6 @@ class CaseError(GradgateError):
         where = ""
         if self.path is not None:
             where = f"{self.path}:{self.line}: " if self.line else f"{self.path}: "
-        return where + super().__str__()
+        # one line, whatever a name or value it quotes holds (printable.py)
+        from pytest_gradgate.printable import inline
+        return inline(where + super().__str__())

@@ -31,6 +31,13 @@ class CaseFile(pytest.File):
         from pytest_gradgate.check import precision
         from pytest_gradgate.gate import parity
         from pytest_gradgate.gate.selection import is_builtin
+        from pytest_gradgate.printable import has_control, inline
+        if has_control(str(self.path)):
+            name = "line1[invalid]"
+            yield InvalidCaseItem.from_parent(self, name=name, nodeid=self._child_id(name), error=CaseError(
+                "the case file's path holds a control character (a newline?) that would break every report "
+                "that names it; rename it", inline(self.path), 1))
+            return
         state = state_of(self.config)
         tf32 = precision.parse_backends(state.settings["tf32"])
         from pytest_gradgate.gate.declared_ops import hook_prototypes
@@ -69,6 +76,7 @@ class CaseFile(pytest.File):
                                                  against=against)
         on_line = {}
         for err in errors:      # one item per error; several on one line (a `vary` entry) get numbers
+            err.line = err.line or 1    # a file-wide error (YAML too deep): at the file's first line
             n = on_line[err.line] = on_line.get(err.line, 0) + 1
             suffix = "" if n == 1 else f"-{n}"
             name = f"line{err.line or 0}[invalid{suffix}]"

@@ -14,7 +14,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent
 # full mode; fast mode; equivalence (formulations against each other)
 BUILTIN_FILES = tuple(PACKAGE_DIR / n for n in ("cases.yaml", "cases_fast.yaml", "cases_equivalence.yaml"))
 BUILTIN_PREFIX = "pytest_gradgate/"
-CASE_FILE_RE = re.compile(r"^gradgate_.*\.ya?ml$")    # users' case files, found under the paths collected
+# users' case files, found under the paths collected; DOTALL and fullmatch: a name holding a
+# newline is a case file too (the gate refuses it by name, never skips it in silence)
+CASE_FILE_RE = re.compile(r"gradgate_.*\.ya?ml", re.DOTALL)
 
 
 def is_builtin(path):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pytest_gradgate.library.cache import cache_root, make_entry
 from pytest_gradgate.errors import SourceError
+from pytest_gradgate.printable import inline
 
 
 @dataclass(frozen=True)
@@ -98,15 +99,21 @@ def ggml_root_of(path, named_by, pinned_names=False):
 
 
 def _find_ggml_root(path, named_by, pinned_names=False):
-    if not path.exists():
+    shown = inline(path)        # a path may hold a newline: printed, it must stay one line
+    try:
+        exists = path.exists()
+    except OSError as exc:      # e.g. a name longer than the system takes
+        raise SourceError(f"{named_by}: '{shown[:200]}{'...' if len(shown) > 200 else ''}' cannot be a ggml "
+                          f"source: {exc.strerror or exc}") from None
+    if not exists:
         also = f", or a pinned source: {', '.join(PINNED)}" if pinned_names else ""
-        raise SourceError(f"{named_by}: ggml source '{path}' does not exist "
+        raise SourceError(f"{named_by}: ggml source '{shown}' does not exist "
                           f"(expected a ggml checkout or a llama.cpp checkout{also})")
     if is_ggml_root(path):
         return path.resolve()
     if is_ggml_root(path / "ggml"):
         return (path / "ggml").resolve()
-    raise SourceError(f"{named_by}: '{path}' is neither a ggml checkout (include/ggml.h, src/ggml.c, "
+    raise SourceError(f"{named_by}: '{shown}' is neither a ggml checkout (include/ggml.h, src/ggml.c, "
                       "CMakeLists.txt) nor a llama.cpp checkout (ggml/ inside it)")
 
 
@@ -129,7 +136,7 @@ def check_supported_api(root, named_by="ggml source"):
     text = re.sub(r"/\*.*?\*/|//[^\n]*", " ", header.read_text(errors="replace"), flags=re.S)
     missing = [name for name, pattern in _REQUIRED_API.items() if not pattern.search(text)]
     if missing:
-        raise SourceError(f"{named_by}: unsupported ggml version {read_ggml_version(root)} at {root}: "
+        raise SourceError(f"{named_by}: unsupported ggml version {read_ggml_version(root)} at {inline(root)}: "
                           f"its include/ggml.h lacks {', '.join(missing)} (the backward API of ggml "
                           "since mid-2025, e.g. ggml 0.15-0.25); use a newer ggml or llama.cpp checkout")
 
@@ -149,6 +156,10 @@ def read_ggml_version(root):
 def resolve_source(option_value=None, ini_value=None, env=None, option_name="--gradgate-ggml-src"):
     """The source the user chose (a path is checked now); a pinned one is fetched on first use."""
     env = os.environ if env is None else env
+    if option_value is not None and not str(option_value).strip():
+        # an empty option (a CI variable that was not set) is not the default's name: say so
+        raise SourceError(f"{option_name}: an empty value; give a ggml or llama.cpp checkout, or a pinned "
+                          f"source ({', '.join(PINNED)}), or leave the option out for the default ggml")
     for value, origin, named_by in ((option_value, "option", option_name),
                                     (env.get("GRADGATE_GGML_SRC"), "env", "GRADGATE_GGML_SRC"),
                                     (ini_value, "ini", "ini gradgate_ggml_src")):
@@ -157,7 +168,7 @@ def resolve_source(option_value=None, ini_value=None, env=None, option_name="--g
         pin = PINNED.get(str(value))
         if pin is not None and not Path(str(value)).exists():   # a folder of that name wins
             return GgmlSource(None, pin.label, origin, pinned=pin)
-        return GgmlSource(ggml_root_of(value, named_by, pinned_names=True), str(value), origin)
+        return GgmlSource(ggml_root_of(value, named_by, pinned_names=True), inline(value), origin)
     return GgmlSource(None, DEFAULT_LABEL, "default", pinned=DEFAULT_PIN)
 
 
