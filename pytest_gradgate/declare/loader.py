@@ -22,6 +22,7 @@ from pytest_gradgate.ops.consumers import CONSUMERS, DEFAULT_CONSUMERS, check_co
 from pytest_gradgate.ops.producers import DEFAULT_PRODUCERS, PRODUCERS, laid_out_params
 from pytest_gradgate.errors import CaseError
 from pytest_gradgate.declare import vary
+from pytest_gradgate.declare.yaml_shape import shape_error
 from pytest_gradgate.declare.expr import Ref, clip, nodes, ops_used, parse_graph
 from pytest_gradgate.declare.duplicate_keys import DuplicateKey, duplicates_in, first_duplicate
 from pytest_gradgate.declare.graph import OpenShape, infer_shapes
@@ -200,6 +201,9 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None, declare
             column = exc.start - raw_bytes.rfind(b"\n", 0, exc.start)
             return [], [CaseError(f"not UTF-8 text: byte 0x{raw_bytes[exc.start]:02x} at column {column}; "
                                   "save the file as UTF-8", path, line)]
+    too_big = shape_error(text, path)    # before libyaml builds it: see yaml_shape.py
+    if too_big is not None:
+        return [], [too_big]
     try:
         root, data, repeated = _parse(text, _join_repeated_top_keys)
     except yaml.YAMLError as exc:
@@ -207,7 +211,7 @@ def load_file(path, session_backends=("cpu",), builtin=False, text=None, declare
         problem = getattr(exc, "problem", None) or str(exc)
         return [], [CaseError(f"YAML syntax error: {problem}", path, mark.line + 1 if mark else None)]
     except (RecursionError, MemoryError) as exc:
-        return [], [CaseError(f"the YAML is nested too deeply or too large to read ({type(exc).__name__})", path)]
+        return [], [CaseError(f"the YAML is nested too deeply or too large to read ({type(exc).__name__})", path, 1)]
     if not isinstance(data, dict) or "cases" not in data:
         return [], [CaseError("a case file must be a mapping with a 'cases:' list", path, 1)]
     unknown_top = set(data) - {"cases", "defaults", "ops"}
@@ -349,11 +353,21 @@ def _looks_like_a_number(value):
     try:
         float(value)
         return isinstance(value, str)
-    except ValueError:
+    except (TypeError, ValueError):
         return False
 
 
-def _number(value, key, where, positive=True):
+# The largest values the keys take: beyond them a case is a typo, and a number no check stops
+# ends as a worker's traceback (a timeout the clock cannot add, a seed the exported C++ test's
+# std::mt19937 cannot take, more threads than ggml's GGML_MAX_N_THREADS)
+MAX_TIMEOUT_S = 86400.0
+MAX_SEED = 2**32 - 1
+MAX_THREADS = 512
+MAX_DIRECTIONS = 10_000
+MAX_INIT_MAGNITUDE = 1e30       # beyond it the SQR loss of float32 values overflows
+
+
+def _number(value, key, where, positive=True, maximum=None):
     if _looks_like_a_number(value):
         # YAML 1.1 (PyYAML) reads 1e-4, without a dot, as a string
         raise CaseError(f"'{key}' is the string {value!r} to YAML, not a number; write it with a dot and a "
@@ -362,21 +376,27 @@ def _number(value, key, where, positive=True):
         raise CaseError(f"'{key}' must be a positive number, got {value!r}", *where)
     if not math.isfinite(value):
         raise CaseError(f"'{key}' must be a finite number, got {value!r}", *where)
+    if maximum is not None and value > maximum:
+        raise CaseError(f"'{key}' must be a positive number up to {maximum:g}, got {value!r}", *where)
     return float(value)
 
 
-def _integer(value, key, where, minimum=0):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise CaseError(f"'{key}' must be an integer >= {minimum}, got {value!r}", *where)
+def _integer(value, key, where, minimum=0, maximum=None):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
+            maximum is not None and value > maximum):
+        valid = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise CaseError(f"'{key}' must be an integer {valid}, got {value!r}", *where)
     return value
 
 
 def _is_range(value):
     return (isinstance(value, list) and len(value) == 2 and
-            all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value) and value[0] < value[1])
+            all(isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) <= MAX_INIT_MAGNITUDE
+                for x in value) and value[0] < value[1])
 
 
-INIT_HELP = "[lo, hi] (uniform) or {abs: [lo, hi]} (uniform magnitude, random sign), lo < hi"
+INIT_HELP = (f"[lo, hi] (uniform) or {{abs: [lo, hi]}} (uniform magnitude, random sign), lo < hi, both finite "
+             f"numbers within +-{MAX_INIT_MAGNITUDE:g}")
 INPUT_INITS = ("causal_mask", "probs")
 
 
@@ -519,10 +539,13 @@ def build_cases(raw, path, line, key_lines=None, session_backends=("cpu",), buil
     if wanted is not None:
         wanted = _names(wanted, "backends", list(BACKENDS), at("backends"), "backend")
     backends = [b for b in session_backends if wanted is None or b in wanted]
-    seed = _integer(raw.get("seed", 0), "seed", at("seed"))
-    directions = _integer(raw.get("directions", 6), "directions", at("directions"), minimum=1)
-    timeout = _number(raw["timeout"], "timeout", at("timeout")) if "timeout" in raw else 0.0
-    threads = _integer(raw.get("threads", DEFAULT_THREADS), "threads", at("threads"), minimum=1)
+    seed = _integer(raw.get("seed", 0), "seed", at("seed"), maximum=MAX_SEED)
+    directions = _integer(raw.get("directions", 6), "directions", at("directions"), minimum=1,
+                          maximum=MAX_DIRECTIONS)
+    timeout = (_number(raw["timeout"], "timeout", at("timeout"), maximum=MAX_TIMEOUT_S) if "timeout" in raw
+               else 0.0)
+    threads = _integer(raw.get("threads", DEFAULT_THREADS), "threads", at("threads"), minimum=1,
+                       maximum=MAX_THREADS)
     init = raw.get("init") or {}
     if not isinstance(init, dict):
         raise CaseError(f"'init' must map param names to {INIT_HELP}", *at("init"))

@@ -21,6 +21,7 @@ class Setting:
     choices: tuple = None
     kind: str = "string"   # string, int, float, size, bool, paths
     minimum: int = None    # an int's least value
+    maximum: float = None  # a number's largest value
 
     @property
     def option(self):
@@ -57,7 +58,8 @@ SETTINGS = [
             "a worker process; none: in-process, for debuggers", "case", ISOLATE_MODES),
     Setting("jobs", "cases run at once in this pytest process, each in its own worker (default 0: one per CPU, "
             "at most 8; 1 in each pytest-xdist worker)", 0, kind="int", minimum=0),
-    Setting("timeout", "per-case timeout in seconds (default: sized to the case)", 0.0, kind="float"),
+    Setting("timeout", "per-case timeout in seconds, at most 86400 (default: sized to the case)", 0.0, kind="float",
+            maximum=86400),
     Setting("max_memory", "cap on a case's memory, e.g. 2G or 512M, at most 1048576G (default: none)", 0,
             kind="size"),
     Setting("backtrace", "let ggml print backtraces when a case aborts (slow; attaches gdb), and let a crash "
@@ -140,6 +142,8 @@ def _convert(s, value, where):
         raise pytest.UsageError(f"{where}: '{value}' is not a valid value ({s.help})") from None
     if s.minimum is not None and value < s.minimum:
         raise pytest.UsageError(f"{where}: '{value}' is below {s.minimum} ({s.help})")
+    if s.maximum is not None and value > s.maximum:
+        raise pytest.UsageError(f"{where}: '{value}' is above {s.maximum:g} ({s.help})")
     if s.choices and value not in s.choices:
         raise pytest.UsageError(f"{where}: '{value}' is not one of {', '.join(s.choices)}")
     return value
