@@ -14,6 +14,7 @@ import pytest
 from pytest_gradgate.fixtures import gradgate  # noqa: F401  (registers the fixture)
 from pytest_gradgate.gate import settings
 from pytest_gradgate.gate.state import STATE, GateState, state_of
+from pytest_gradgate.printable import inline
 
 
 def pytest_addoption(parser):
@@ -48,8 +49,10 @@ def pytest_configure(config):
             html.require_matplotlib()
         except ImportError as exc:
             raise pytest.UsageError(str(exc)) from None
+    _check_report_paths(config, state)
     if not state.enabled:
         return
+    _clear_old_reports(config, state)
     from pytest_gradgate.gate.declared_ops import hook_ops
     hook_ops(config)    # a bad declaration stops the run now, before anything is built
     from pytest_gradgate.library.cmake import gpu_visible
@@ -86,6 +89,37 @@ def pytest_configure(config):
     state.case_files = {str(Path(a.split("::", 1)[0]).resolve()) for a in config.args} | set(extra)
     if _runs_cases_here(config) and not config.option.collectonly and state.settings["isolate"] != "none":
         state.start_early()     # the first worker starts while pytest collects
+
+
+def _report_paths(config, state):
+    """{option: the file it names, resolved as the run will write it} for the files a run writes."""
+    here = Path(config.invocation_params.dir)
+    named = {"--gradgate-json": state.settings["json"], "--gradgate-html": state.settings["html"],
+             "--junitxml": getattr(config.option, "xmlpath", None), "--gradgate-baseline": state.settings["baseline"]}
+    return {option: (here / Path(path).expanduser()).resolve() for option, path in named.items() if path}
+
+
+def _check_report_paths(config, state):
+    """Two outputs named to one file: one would silently replace the other; say so now."""
+    seen = {}
+    for option, path in _report_paths(config, state).items():
+        if path in seen:
+            raise pytest.UsageError(f"{seen[path]} and {option} name one file ({path}): each output needs its own "
+                                    "path, or one would silently replace the other")
+        seen[path] = option
+
+
+def _clear_old_reports(config, state):
+    """A report left by an earlier run must not read as this run's when this one is killed before
+    it writes its own (SIGTERM, a CI job's timeout): removed now, written again at the end."""
+    if hasattr(config, "workerinput"):
+        return      # under xdist the controller writes (and clears) them
+    for option, path in _report_paths(config, state).items():
+        if option != "--gradgate-baseline" and path.is_file():
+            try:
+                path.unlink()
+            except OSError:
+                pass    # then writing it at the end fails too, and says so
 
 
 def _check_sanitize(state):
@@ -225,10 +259,17 @@ def pytest_collect_file(file_path, parent):
         node = CaseFile.from_parent(parent.session, path=file_path, nodeid=builtin_nodeid(file_path))
         node.gradgate_builtin = True
         return node
-    if CASE_FILE_RE.match(file_path.name) or resolved in state.case_files:
+    if CASE_FILE_RE.fullmatch(file_path.name) or resolved in state.case_files:
         # outside the rootdir (pytest run from elsewhere, as the reusable workflow does): an id
         # with its file part, the same as when pytest runs in the project (gate/selection.py)
         nodeid = project_nodeid(file_path, parent.config.rootpath)
+        from pytest_gradgate.printable import has_control
+        if has_control(str(file_path)):
+            # a newline in a file's name would start a line of its own in every report: the
+            # file is one error under an id that prints on one line (CaseFile.collect)
+            if nodeid is None:
+                nodeid = file_path.relative_to(parent.config.rootpath).as_posix()
+            return CaseFile.from_parent(parent, path=file_path, nodeid=inline(nodeid))
         if nodeid is not None:
             return CaseFile.from_parent(parent, path=file_path, nodeid=nodeid)
         return CaseFile.from_parent(parent, path=file_path)
@@ -284,7 +325,7 @@ def pytest_runtest_makereport(item, call):
     if call.when == "setup" and err is not None:
         # rides on the report like results do, for the GitHub annotation on the bad line
         report.gradgate_invalid = {"path": str(err.path) if err.path else None, "line": err.line,
-                                   "message": err.args[0] if err.args else str(err)}
+                                   "message": inline(err.args[0] if err.args else str(err))}
     if (call.when == "call" and report.skipped and isinstance(report.longrepr, tuple)
             and getattr(item, "gradgate_skips_at_declaration", False)):
         # the skip is the case's (no backward in this ggml, an op the backend lacks...): shown at

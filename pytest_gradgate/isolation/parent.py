@@ -217,7 +217,9 @@ class Worker:
                 continue
             return reply, phase, False
 
-    def close(self):
+    def close(self, kill=False):
+        if kill and self.proc.poll() is None:
+            self.proc.kill()
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.close()
@@ -378,7 +380,18 @@ class Runner:
             try:
                 reply, phase, timed_out = worker.request(message, deadline_s)
                 break
-            except WorkerGone:
+            except BaseException as exc:
+                if not isinstance(exc, WorkerGone):
+                    # the parent failed while the worker still works on this case: the worker is
+                    # killed with it, so that the next case never gets this one's reply or death
+                    worker.close(kill=True)
+                    self.worker = None
+                    if not isinstance(exc, Exception):
+                        raise
+                    result = Result.for_case(case)
+                    return result.finish(Status.ERROR, Phase.STARTUP, started=started,
+                                         message=f"the gate failed while it waited for this case "
+                                                 f"({type(exc).__name__}: {exc}); nothing is known of its backward")
                 worker.close()
                 self.worker = None
                 if attempt == 2:
