@@ -96,7 +96,7 @@ class Checker:
         `backend` accepted in the singular too. Every case the call stands for is returned (and
         run): a consumer list is checked through each consumer, never through its first alone."""
         from pytest_gradgate.declare import vary   # yaml and the op table: only when used
-        from pytest_gradgate.declare.case import full_mode_problem
+        from pytest_gradgate.declare.case import full_mode_problem, memory_problem
         from pytest_gradgate.declare.loader import build_cases
         from pytest_gradgate.gate.state import state_of
         state = state_of(self._request.config)
@@ -136,7 +136,9 @@ class Checker:
             problem = (f"{where}: backend {', '.join(map(str, wanted or ()))} is not built in this session "
                        f"(--gradgate-backend gives {', '.join(state.backends)})")
         if problem is None:
-            problem = next((f"{where}: {why}" for why in map(full_mode_problem, cases) if why), None)
+            problem = next((f"{where}: {why}" for c in cases
+                            for why in (full_mode_problem(c), memory_problem(c, state.settings["max_memory"]))
+                            if why), None)
         if problem:
             pytest.fail(f"invalid gradgate check: {problem}", pytrace=False)
         return state, cases

@@ -283,3 +283,28 @@ def test_a_killed_run_leaves_no_report_of_an_earlier_run(pytester, default_build
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
     assert not (pytester.path / "r.json").exists() and not (pytester.path / "j.xml").exists()
+
+
+# -- row 10: a case that cannot fit in memory is refused at collection --------------------------
+def test_a_case_too_big_for_the_machine_or_the_cap_is_refused_at_its_line(pytester, default_build):
+    """Before: a 40 GB fast-mode case was collected and ended as `MemoryError: Unable to allocate
+    74.5 GiB` in the worker; under --gradgate-max-memory 1G a 3.6 GB case ended as a raw MemoryError."""
+    (pytester.path / "gradgate_machine.yaml").write_text(
+        "cases:\n  - name: fine\n    params: {a: [4, 3]}\n    graph: sqr(a)\n    consumers: [none]\n"
+        "  - name: forty_gb\n    params: {a: [100000, 100000]}\n    graph: sqr(a)\n    mode: fast\n")
+    (pytester.path / "gradgate_cap.yaml").write_text(
+        "cases:\n  - name: three_gb\n    params: {a: [30000, 30000]}\n    graph: sqr(a)\n    mode: fast\n")
+    machine = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "-p", "no:cacheprovider",
+                                            "gradgate_machine.yaml", "--gradgate-json", "m.json")
+    capped = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "-p", "no:cacheprovider",
+                                           "gradgate_cap.yaml", "--gradgate-max-memory", "1G", "--gradgate-json",
+                                           "c.json")
+    m, c = (json.loads((pytester.path / name).read_text()) for name in ("m.json", "c.json"))
+    [(line, message)] = [(bad["line"], bad["message"]) for bad in m["invalid_cases"]]
+    assert line == 6 and message.startswith("case 'forty_gb': needs at least 111.8 GiB (12 bytes for each of its "
+                                            "10,000,000,000 param elements") and "this machine has" in message
+    assert m["statuses"] == {"passed": 1} and machine.ret == 1
+    [(line, message)] = [(bad["line"], bad["message"]) for bad in c["invalid_cases"]]
+    assert line == 2 and "needs at least 10.1 GiB" in message
+    assert "more than the 1.0 GiB --gradgate-max-memory allows" in message and capped.ret == 1
+    assert "MemoryError" not in machine.stdout.str() + capped.stdout.str()

@@ -2,6 +2,7 @@
 from the collector into the isolated worker and its engine."""
 
 import functools
+import os
 from dataclasses import dataclass, field, fields
 
 DEFAULT_EPS = 1e-1          # as test-backend-ops: inputs are O(1), so h = 0.1 keeps roundoff small
@@ -28,6 +29,38 @@ def full_mode_problem(case):
     return (f"full mode is for up to {MAX_FULL_ELEMENTS:,} param elements; this case has {n:,}: "
             f"{n * case.stencil:,} evaluations of its whole graph (the work grows with the square of "
             "the size); use mode: fast (random directions), or smaller params")
+
+
+# What a case needs at the least for each param element: its f32 value in ggml, its f32
+# gradient, and the host copy of the values it is set from. The whole run needs more (the
+# graph's other tensors, the comparison's arrays): a case above this never fits.
+MIN_BYTES_PER_PARAM_ELEMENT = 12
+
+
+def machine_memory():
+    """This machine's physical memory in bytes, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _gib(n):
+    return f"{n / (1 << 30):,.1f} GiB"
+
+
+def memory_problem(case, cap=0):
+    """Why `case` cannot fit in memory (the --gradgate-max-memory cap, else the machine's), or None."""
+    n = case.n_param_elements()
+    need = MIN_BYTES_PER_PARAM_ELEMENT * n
+    limits = [(cap, "--gradgate-max-memory allows")] if cap else []
+    limits.append((machine_memory(), "this machine has"))
+    for limit, what in limits:
+        if limit and need > limit:
+            return (f"needs at least {_gib(need)} ({MIN_BYTES_PER_PARAM_ELEMENT} bytes for each of its {n:,} param "
+                    f"elements: the values, their gradients, a host copy), more than the {_gib(limit)} {what}; "
+                    "use smaller params")
+    return None
 
 
 @dataclass

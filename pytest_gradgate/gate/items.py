@@ -25,7 +25,7 @@ class GradgateFailure(Exception):
 
 class CaseFile(pytest.File):
     def collect(self):
-        from pytest_gradgate.declare.case import full_mode_problem
+        from pytest_gradgate.declare.case import full_mode_problem, memory_problem
         from pytest_gradgate.declare.collection_memo import load_file_remembered
         from pytest_gradgate.errors import CaseError
         from pytest_gradgate.check import precision
@@ -61,7 +61,8 @@ class CaseFile(pytest.File):
                      dataclasses.replace(c, matmul_precision=precision.matmul_precision(c.backend, tf32))
                      for c in cases]
             # refused now, with its cost, not after minutes of silence (the mode as overridden)
-            too_big = full_mode_problem(cases[0]) if cases else None
+            too_big = (full_mode_problem(cases[0]) or memory_problem(cases[0], state.settings["max_memory"])
+                       if cases else None)
             if too_big:   # one error for the declaration, not one per variant
                 how = ", with --gradgate-mode full" if entry.cases[0].mode != cases[0].mode else ""
                 errors.append(CaseError(f"case '{entry.name}'{how}: {too_big}", self.path, entry.line))
