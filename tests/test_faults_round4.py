@@ -308,3 +308,18 @@ def test_a_case_too_big_for_the_machine_or_the_cap_is_refused_at_its_line(pytest
     assert line == 2 and "needs at least 10.1 GiB" in message
     assert "more than the 1.0 GiB --gradgate-max-memory allows" in message and capped.ret == 1
     assert "MemoryError" not in machine.stdout.str() + capped.stdout.str()
+
+
+# -- row 17: an underflowing case is inconclusive, never a pass --------------------------------
+def test_a_case_whose_loss_underflows_is_inconclusive_not_a_pass(run_on, runner):
+    """Before: SCALE's backward with the wrong sign for s < 0 (the scale-negative variant) at
+    s = -1e-20 `passed (MAA 0): blind`: the SQR loss, 1e-40 times the inputs, underflowed and
+    every element was zero on both sides."""
+    from pytest_gradgate.declare.case import Case
+    tiny = Case(name="tiny", graph="scale(a, s=-1e-20)", params={"a": [4, 3]})
+    normal = Case(name="normal", graph="scale(a, s=-0.5)", params={"a": [4, 3]})
+    for result in (run_on("scale-negative", tiny), runner.run(tiny)):
+        assert result.status == "inconclusive", result.to_dict()
+        assert "the loss is" in result.diagnosis and "below float32's smallest normal number" in result.diagnosis
+    assert run_on("scale-negative", normal).status == "failed"    # the same bug at a scale that shows it
+    assert runner.run(normal).status == "passed"

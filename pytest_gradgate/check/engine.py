@@ -237,6 +237,14 @@ def run_case(case, lib, phase=lambda name: None):
         predictions = probe.predictions(session, project)
         _compare(result, case, checks, predictions, shapes, laid_out)
         result.loss_value = loss_value
+        underflow = _underflow(loss_value, analytic)
+        if underflow is not None and result.status in (Status.PASSED, Status.FAILED):
+            # below float32's normal range both sides have lost their digits: a pass there (every
+            # element zero on both sides) is no evidence, and neither is a disagreement
+            result.status, result.kind = Status.INCONCLUSIVE, Diagnosis.INCONCLUSIVE
+            result.diagnosis = (f"{underflow}: at that scale neither the backward's gradients nor the finite "
+                                "differences can be read; scale the case's values up (its init, or the op's "
+                                "parameters)")
         if varies is not None:
             # a backward whose gradients change from run to run cannot be compared across layouts
             _nondeterministic(result, case, varies, checks)
@@ -260,6 +268,22 @@ def run_case(case, lib, phase=lambda name: None):
         if session is not None and session != g.ffi.NULL:
             lib.gg_session_free(session)
         g.free()
+
+
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)     # float32's smallest normal number, 1.18e-38
+
+
+def _underflow(loss_value, analytic):
+    """What underflows float32 in this case (its loss, or a param's whole gradient), or None."""
+    if abs(loss_value) < FLOAT32_TINY:
+        return f"the loss is {loss_value:.3g} at the case's inputs, below float32's smallest normal number " \
+               f"({FLOAT32_TINY:.3g})"
+    for name, values in analytic.items():
+        peak = float(np.max(np.abs(values))) if np.size(values) else 0.0
+        if 0.0 < peak < FLOAT32_TINY:
+            return f"the gradient of {name} peaks at {peak:.3g}, below float32's smallest normal number " \
+                   f"({FLOAT32_TINY:.3g})"
+    return None
 
 
 def _memory_failure(result, case, finding, phase, started):
