@@ -309,7 +309,10 @@ def test_the_halved_step_is_taken_where_the_comparison_disagrees(lib):
     assert r.status == "failed", r.diagnosis
     p = r.params[0]
     assert p["halved_step_checked"] is True and 0 < p["halved_step_elements"] < 512 // 4
-    assert r.evaluations == 2 * 512 and r.evaluations_halved == 2 * p["halved_step_elements"]
+    # per element 2 forwards for the halved step, 4 for the loss's even part at two steps; and
+    # the loss at x once a step, for each of at most two groups of elements
+    assert r.evaluations == 2 * 512
+    assert 6 * p["halved_step_elements"] < r.evaluations_halved <= 6 * p["halved_step_elements"] + 8
 
 
 @pytest.mark.parametrize("stencil", [2, 4])

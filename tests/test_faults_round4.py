@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from pytest_gradgate.gate.baseline import Baseline
@@ -323,3 +324,36 @@ def test_a_case_whose_loss_underflows_is_inconclusive_not_a_pass(run_on, runner)
         assert "the loss is" in result.diagnosis and "below float32's smallest normal number" in result.diagnosis
     assert run_on("scale-negative", normal).status == "failed"    # the same bug at a scale that shows it
     assert runner.run(normal).status == "passed"
+
+
+# -- row 5: a step across a pole is numeric-unreliable, never a red that blames the op -------------
+def test_a_step_across_a_pole_is_numeric_unreliable_not_a_blamed_backward(runner, run_on):
+    """Before: div(a, b) with b in +-[1e-5, 1e-4] at the default step 0.1 was `values disagree
+    (cosine 0.000, norm ratio inf)`, MAA 1, blaming DIV's correct backward: L(b+h) and L(b-h)
+    are nearly equal, so the central differences are 0 at h and at h/2 alike, and halving the
+    step moved nothing. The loss's even part around b, which does not shrink with the step
+    across a pole, shows it."""
+    from pytest_gradgate.declare.case import Case
+    pole = Case(name="pole", graph="div(a, b)", params={"a": [4, 3], "b": [4, 3]},
+                init={"b": {"abs": [1e-5, 1e-4]}}, alloc="own")
+    result = runner.run(pole)
+    assert result.status == "numeric-unreliable", result.to_dict()
+    assert result.diagnosis.startswith("b: numeric gradient unreliable at 12 of 12 elements")
+    # the same check leaves a wrong backward blamed where the loss is smooth
+    wrong = run_on("sub-sign", Case(name="sign", graph="sub(a, b)", params={"a": [4, 3], "b": [4, 3]}, alloc="own"))
+    assert wrong.status == "failed" and all(p.get("numeric_unreliable") is None for p in wrong.params)
+
+
+@pytest.mark.parametrize("loss, x, expected", [
+    (lambda v: (1.0 / v) ** 2, 5e-5, True),          # a pole inside the step: even part ~ the same at h and h/2
+    (lambda v: np.where(v > 0, 1.0, 0.0), 0.01, True),  # a jump
+    (lambda v: v ** 4, 0.01, False),                  # smooth, its h^4 term dominating: 16-fold
+    (lambda v: np.cos(3 * v), 0.2, False),            # smooth, 4-fold
+    (lambda v: np.exp(v), 1.0, False),
+], ids=["pole", "jump", "quartic", "cos", "exp"])
+def test_the_even_part_shrinks_fourfold_where_the_loss_is_smooth(loss, x, expected):
+    from pytest_gradgate.check.reliability import even_part_diverges
+    h = 0.1
+    even = [loss(x + s) + loss(x - s) - 2 * loss(x) for s in (h, h / 2)]
+    slope = (loss(x + h) - loss(x - h)) / (2 * h)
+    assert bool(even_part_diverges([even[0]], [even[1]], [slope], h, roundoff=1e-9)[0]) is expected

@@ -49,4 +49,4 @@ cases:
 """)
     result = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "gradgate_bad.yaml",
                                            "-p", "no:cacheprovider")
-    result.stdout.fnmatch_lines(["*gradgate_bad.yaml:5: 'threads' must be an integer >= 1, got 0*"])
+    result.stdout.fnmatch_lines(["*gradgate_bad.yaml:5: 'threads' must be an integer from 1 to 512, got 0*"])

@@ -421,10 +421,28 @@ def _numeric(g, session, gf, t, loss, case, analytic, loss_scale, extra_lanes=()
         """The same estimate with half the step at elements idx (asked only before a failure is
         blamed, and first only where the comparison disagrees: reliability.unreliable_elements)."""
         return halved_estimate(lib, session, gf, t, loss, h, g_half, idx)
+
+    even_evaluations = [0]
+
+    def even_at(idx):
+        """The loss's even part around elements idx at steps h and h/2 (reliability.py)."""
+        even_evaluations[0] += 2 * (2 * len(idx) + 1)     # x +- h and x +- h/2 per element; x once a step
+        return even_parts(lib, session, gf, t, loss, h, idx), even_parts(lib, session, gf, t, loss, h / 2, idx)
     roundoff = metrics.numeric_noise(loss_scale, h / 2, np.zeros(1), np.zeros(1) if precise else None)[0]
-    return {"analytic": analytic, "numeric": numeric, "noise": noise, "halved_at": halved_at, "roundoff": roundoff,
+    return {"analytic": analytic, "numeric": numeric, "noise": noise, "halved_at": halved_at, "even_at": even_at,
+            "even_evaluations": even_evaluations, "roundoff": roundoff, "h": h,
             "gap": np.abs(numeric - g_h), "values": read_tensor(g, t), "evaluations": n * (4 if precise else 2),
             **({"lane_seconds": lane_seconds} if lane_seconds is not None else {})}
+
+
+def even_parts(lib, session, gf, t, loss, h, idx):
+    """L(x+h) + L(x-h) - 2 L(x) at elements idx, each perturbed alone."""
+    ffi = binding.ffi
+    idx = np.ascontiguousarray(idx, dtype=np.int64)
+    even = np.empty(idx.size)
+    _check_status(lib.gg_loss_even_at(session, gf, t, loss, h, ffi.from_buffer("int64_t[]", idx), idx.size,
+                                      ffi.from_buffer("double[]", even)))
+    return even
 
 
 def halved_estimate(lib, session, gf, t, loss, h, g_half, idx):
@@ -472,8 +490,10 @@ def _compare(result, case, checks, predictions, shapes, laid_out=()):
         m["halved_step_checked"] = (not m["passed"] and "halved_at" in c and bool(np.isfinite(c["numeric"]).all()))
         if m["halved_step_checked"]:
             shaky, m["halved_step_elements"], ok = reliability.unreliable_elements(
-                c["analytic"], c["numeric"], c["noise"], c["gap"], c["roundoff"], case.max_maa, c["halved_at"])
-            result.evaluations_halved += m["halved_step_elements"] * 2
+                c["analytic"], c["numeric"], c["noise"], c["gap"], c["roundoff"], case.max_maa, c["halved_at"],
+                c.get("even_at"), c.get("h"))
+            # 2 forwards an element for the halved step, and those of the even parts
+            result.evaluations_halved += m["halved_step_elements"] * 2 + c.get("even_evaluations", [0])[0]
             if shaky.any():
                 m["numeric_unreliable"] = int(shaky.sum())
                 if ok:

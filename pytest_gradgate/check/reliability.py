@@ -10,6 +10,17 @@ against 1/h, a pole a series that does not converge, a kink an estimate that mov
 step. (The error bound itself cannot be the yardstick: it grows with the stencil's gap, which
 is largest exactly there.)
 
+The central differences see only the odd part of the loss around x. A pole inside the step can
+hide from them: div(a, b) with |b| << h, where L(x+h) and L(x-h) are both small and nearly equal
+while L(x) is huge, gives central differences of about 0 at h and at h/2 alike, and the halved
+estimate agrees with the first. Its even part, L(x+h) + L(x-h) - 2 L(x), does not: where the loss
+is smooth it is h^2 times the curvature plus higher even powers of h, so halving the step divides
+it by 4 or more; across a kink by 2, across a pole or a jump by about 1 (it is the value at x
+against the values out of reach). So an element is also unreliable where its even part, larger
+than its odd part over the step and than roundoff, shrinks by less than EVEN_RATIO when h is
+halved (even_part_diverges). Both signs come from the finite differences alone: the backward's
+own values never decide whether the finite differences are evidence.
+
 An element that fails this is left out of the verdict. If the elements that are left still
 disagree, the backward is blamed as before; if they agree (or none are left), the outcome is
 "numeric gradient unreliable here", with what to change, and the backward is not blamed.
@@ -22,6 +33,7 @@ from pytest_gradgate.check import metrics
 
 SERIES_RATIO = 0.25      # how much of the h^2 term the estimate may still move by when h is halved
 SUSPECT_SHARE = 0.5      # elements whose excess is above this share of max_maa are halved first
+EVEN_RATIO = 3.0         # a smooth loss's even part shrinks 4-fold or more with the step halved; a kink 2-fold
 
 
 def halved_step_disagrees(numeric_h, numeric_half, gap_h, roundoff, max_maa):
@@ -39,7 +51,16 @@ def halved_step_disagrees(numeric_h, numeric_half, gap_h, roundoff, max_maa):
             & (moved > SERIES_RATIO * np.asarray(gap_h)))
 
 
-def unreliable_elements(analytic, numeric, noise, gap_h, roundoff, max_maa, halved_at):
+def even_part_diverges(even_h, even_half, numeric, h, roundoff):
+    """Per element: the loss's even part around x (even_h at step h, even_half at h/2) shrinks
+    by less than EVEN_RATIO when the step is halved, while it outweighs both the odd part over
+    the step (|numeric| h) and the loss's roundoff (roundoff, a gradient's, times h)."""
+    e_h, e_half = np.abs(np.asarray(even_h, dtype=np.float64)), np.abs(np.asarray(even_half, dtype=np.float64))
+    return ((e_h < EVEN_RATIO * e_half) & (e_h > np.abs(numeric) * h)
+            & (np.abs(e_h - 4 * e_half) > metrics.NOISE_FACTOR * roundoff * h))
+
+
+def unreliable_elements(analytic, numeric, noise, gap_h, roundoff, max_maa, halved_at, even_at=None, h=None):
     """-> (unreliable mask, elements at which the halved step was taken, whether the reliable
     part passes), exactly as halving the step at every element would decide, at less cost.
 
@@ -60,6 +81,8 @@ def unreliable_elements(analytic, numeric, noise, gap_h, roundoff, max_maa, halv
         if where.size:
             unreliable[where] = halved_step_disagrees(numeric[where], halved_at(where), gap_h[where], roundoff,
                                                       max_maa)
+            if even_at is not None:
+                unreliable[where] |= even_part_diverges(*even_at(where), numeric[where], h, roundoff)
             taken += where.size
         passes, _ = reliable_part_passes(analytic, numeric, noise, unreliable, max_maa)
         if not passes:
@@ -82,7 +105,7 @@ def advice(name, values, unreliable, h, shape_ne, n_show=3):
     where = np.flatnonzero(unreliable)
     shown = ", ".join(f"{metrics.ggml_index(int(i), shape_ne)} (x = {values[i]:+.3g})" for i in where[:n_show])
     return (f"{name}: numeric gradient unreliable at {where.size} of {unreliable.size} elements: halving the step "
-            f"{h:g} moves the finite difference more than a smooth loss allows (the step crosses a kink, pole or "
-            "jump), "
+            f"{h:g} changes the finite differences (or the loss's even part around x) more than a smooth loss "
+            "allows (the step crosses a kink, pole or jump), "
             f"e.g. at {shown}; use a smaller eps, or an init range that keeps the inputs more than eps away from "
             "the op's singular points; the backward is not blamed")

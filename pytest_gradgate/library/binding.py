@@ -11,7 +11,7 @@ from pytest_gradgate.library.declarations import ffi_for
 from pytest_gradgate.library.shipped import CDEFS_DIR, native_dir
 from pytest_gradgate.errors import GradgateError
 
-EXPECTED_ABI = 8
+EXPECTED_ABI = 9
 _CDEF_FILES = ("ggml_types.h", "ggml_ops.h")
 
 

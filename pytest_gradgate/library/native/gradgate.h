@@ -115,6 +115,12 @@ int gg_numeric_grad_at(struct gg_session * s, struct ggml_cgraph * gf, struct gg
                        struct ggml_tensor * loss, float h, const int64_t * idx, int64_t n_idx,
                        double * g_h, double * g_half);
 
+/* The even part of the loss around the elements listed in idx: even[k] = L(x+h) + L(x-h) - 2 L(x)
+ * (h^2 times the curvature where the loss is smooth over the step). The central differences
+ * see only the odd part; a pole or a kink inside the step shows in this one (check/reliability.py). */
+int gg_loss_even_at(struct gg_session * s, struct ggml_cgraph * gf, struct ggml_tensor * param,
+                    struct ggml_tensor * loss, float h, const int64_t * idx, int64_t n_idx, double * even);
+
 /* gg_numeric_grad over n_lanes copies of one forward graph at once, each lane on a thread of
  * its own (lane 0 the caller's) with its own session, graph, param and loss, all built from
  * one case: each forward still runs on one thread, and an element's estimate is the same

@@ -17,7 +17,7 @@
 
 #include "gradgate.h"
 
-#define GG_ABI_VERSION 8
+#define GG_ABI_VERSION 9
 
 int gg_abi_version(void) { return GG_ABI_VERSION; }
 
@@ -838,6 +838,28 @@ int gg_numeric_grad_at(struct gg_session * s, struct ggml_cgraph * gf, struct gg
         if (st) return st;
     }
     return 0;
+}
+
+int gg_loss_even_at(struct gg_session * s, struct ggml_cgraph * gf, struct ggml_tensor * param,
+                    struct ggml_tensor * loss, float h, const int64_t * idx, int64_t n_idx, double * even) {
+    if (n_idx <= 0) return 0;
+    // the loss at the inputs as they are: the same for every element, so computed once
+    const size_t off0 = gg_offset(param, idx[0]);
+    float v0;
+    ggml_backend_tensor_get(param, &v0, off0, sizeof(v0));
+    double f0 = 0;
+    int st = gg_loss_at(s, gf, param, loss, off0, v0, &f0);
+    for (int64_t k = 0; k < n_idx && !st; k++) {
+        const size_t off = gg_offset(param, idx[k]);
+        float x0;
+        ggml_backend_tensor_get(param, &x0, off, sizeof(x0));
+        double fu = 0, fd = 0;
+        st = gg_loss_at(s, gf, param, loss, off, x0 + h, &fu);
+        if (!st) st = gg_loss_at(s, gf, param, loss, off, x0 - h, &fd);
+        ggml_backend_tensor_set(param, &x0, off, sizeof(x0));
+        even[k] = fu + fd - 2.0 * f0;
+    }
+    return st;
 }
 
 #define GG_MAX_LANES 8
