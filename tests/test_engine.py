@@ -388,3 +388,29 @@ def test_a_graph_of_the_most_ops_a_case_may_have_is_not_full(runner):
     lines = ["x0 = mul(a, b)"] + [f"x{i} = add(mul(x{i - 1}, b), a)" for i in range(1, MAX_OPS // 2 - 1)]
     r = runner.run(case("\n".join(lines), {"a": [2], "b": [2]}, threads=1))
     assert r.status == "passed", (r.status, r.message, r.stderr_tail[-500:])
+
+
+def test_a_failures_headline_speaks_of_one_param(run_on):
+    """Issue 52: with a and b both failing, the headline gave b's MAA, limit and cosine under a's
+    diagnosis ("MAA 4.44 > 0.000834: a: right values at wrong positions ... (cosine -0.006)"), and
+    the HTML and step-summary rows mixed them the same way. Now all of them are the param that is
+    furthest off."""
+    from pytest_gradgate.report.outputs import one_line
+    r = run_on("concat-buggy", case("concat(a, b, dim=1)", {"a": [4, 3, 5, 1], "b": [4, 2, 5, 1]},
+                                    consumer="permute_0213_transpose", alloc="own"))
+    assert r.status == "failed"
+    by_name = {p["name"]: p for p in r.params}
+    assert all(not p["passed"] for p in by_name.values()) and by_name["b"]["maa"] > by_name["a"]["maa"]
+    b = by_name["b"]
+    assert (r.maa, r.cosine, r.limit) == (b["maa"], b["cosine"], b["limit"])
+    assert r.diagnosis.startswith("b: ") and "for param b" in r.message
+    assert one_line(r.to_dict()).startswith(f"MAA {b['maa']:.3g} > {b['limit']:.3g}: b: ")
+
+
+def test_a_crashs_line_says_its_phase_once(runner):
+    """Issue 52: "crashed in phase build-backward: ggml aborted in phase build-backward: ..." """
+    from pytest_gradgate.report.outputs import one_line
+    r = runner.run(case("add1(a, b)", {"a": [4, 3, 2], "b": [1]}))     # ADD1's backward aborts on 0.15.3
+    assert r.status == "crashed" and r.phase == "build-backward"
+    line = one_line(r.to_dict())
+    assert line.startswith("crashed: ggml aborted in phase build-backward: ") and line.count("in phase") == 1

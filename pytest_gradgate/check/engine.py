@@ -549,7 +549,12 @@ def _compare(result, case, checks, predictions, shapes, laid_out=()):
                                 f"this case too: {why}")
         return
     result.status = Status.FAILED
-    first = next(m for m in result.params if m["name"] in failed)
+    # the headline speaks of one param: the failed one furthest off (a NaN MAA first), whose
+    # MAA, limit and cosine it gives beside that param's own diagnosis
+    first = max((m for m in result.params if m["name"] in failed),
+                key=lambda m: math.inf if not m["maa"] <= math.inf else m["maa"])
+    result.maa, result.cosine = first["maa"], first["cosine"]
+    result.limit = first.get("limit", case.max_maa)
     kind, diagnosis = Diagnosis(first["diagnosis_kind"]), first["diagnosis"]
     if case.mode == "full" and len(checks) > 1 and kind is Diagnosis.DISAGREE:
         # per param first: a joint look is asked only when a param's own values say nothing

@@ -132,11 +132,14 @@ def one_line(r):
     limit = r.get("limit") or r.get("max_maa")
     # a case can fail with its MAA within the limit (an alias, a nondeterministic backward):
     # then the line says where it stopped, not a comparison that is false
+    why = r.get("diagnosis") or r.get("message") or ""
+    # "crashed in phase X: ggml aborted in phase X: ..." said the phase twice: once is enough
+    where = "" if f"in phase {r['phase']}" in why else f" in phase {r['phase']}"
     what = (f"MAA {_fmt(r.get('maa'))} > {_fmt(limit)}"
             if r["status"] == "failed" and _exceeds(r.get("maa"), limit) else
             f"NMSE {_fmt(r.get('nmse'))} > {_fmt(r.get('limit'))}"      # an equivalence case
-            if r["status"] == "failed" and r.get("nmse") is not None else f"{r['status']} in phase {r['phase']}")
-    return f"{what}: {r.get('diagnosis') or r.get('message') or ''}".rstrip(": ")
+            if r["status"] == "failed" and r.get("nmse") is not None else f"{r['status']}{where}")
+    return f"{what}: {why}".rstrip(": ")
 
 
 def _exceeds(maa, limit):
