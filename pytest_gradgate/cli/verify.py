@@ -97,6 +97,49 @@ def touched_paths(patch_text):
     return sorted(paths)
 
 
+def _file_sections(patch_text):
+    """A unified diff cut into one piece per file (each piece's lines, header first)."""
+    lines = patch_text.splitlines(keepends=True)
+    git_style = any(line.startswith("diff --git ") for line in lines)
+    sections, current = [], []
+    for i, line in enumerate(lines):
+        starts = (line.startswith("diff --git ") if git_style else
+                  line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "))
+        if starts and current:
+            sections.append(current)
+            current = []
+        current.append(line)
+    if current:
+        sections.append(current)
+    return sections
+
+
+def ggml_relative(patch_text, ggml_root):
+    """A patch made at a llama.cpp checkout's root (`git format-patch`: a/ggml/src/ggml.c) as a
+    patch of its ggml/ folder, which is the root the gate builds (a/src/ggml.c): the files
+    outside ggml/ are no part of the ggml build and are left out. Any other patch as it is."""
+    ggml_root = Path(ggml_root)
+    if ggml_root.name != "ggml" or (ggml_root / "ggml").exists():
+        return patch_text
+    if not any(path.startswith("ggml/") for path in touched_paths(patch_text)):
+        return patch_text
+    kept = []
+    for section in _file_sections(patch_text):
+        if not any(path.startswith("ggml/") for path in touched_paths("".join(section))):
+            continue    # a llama.cpp file outside ggml/ (or the patch's preamble)
+        in_header = True
+        for line in section:
+            if line.startswith("@@"):
+                in_header = False
+            if in_header:
+                for prefix in ("a/", "b/"):
+                    line = line.replace(f" {prefix}ggml/", f" {prefix}").replace(f"\t{prefix}ggml/", f"\t{prefix}")
+                if line.startswith(("rename from ggml/", "rename to ggml/", "copy from ggml/", "copy to ggml/")):
+                    line = line.replace(" ggml/", " ", 1)
+            kept.append(line)
+    return "".join(kept)
+
+
 def reverted_copy(ggml_root, patch_text, dest, what):
     """A copy of the ggml tree (what a build needs, plus every file the patch touches) with
     the patch applied in reverse."""
@@ -175,17 +218,43 @@ def gates(with_change, without):
             and without is not None and without["status"] in FAILING)
 
 
-def table(with_side, without_side):
+def passes_both(with_change, without):
+    return (with_change is not None and with_change["status"] == "passed"
+            and without is not None and without["status"] == "passed")
+
+
+def case_of(item_id):
+    """The case an item belongs to: its id without the [variant]."""
+    return item_id.split("[", 1)[0]
+
+
+def item_verdicts(with_side, without_side):
+    """{item id: "yes" | "control" | "NO"}. An item that passes with and without the change is a
+    control where another item of its case gates (a `none` consumer beside the layout that shows
+    the bug, a SUM twin beside a SQR loss); alone, it is a case that does not gate."""
     ids = list(with_side) + [i for i in without_side if i not in with_side]
+    gating_cases = {case_of(i) for i in ids if gates(with_side.get(i), without_side.get(i))}
+    verdicts = {}
+    for i in ids:
+        a, b = with_side.get(i), without_side.get(i)
+        verdicts[i] = ("yes" if gates(a, b) else
+                       "control" if passes_both(a, b) and case_of(i) in gating_cases else "NO")
+    return verdicts
+
+
+def table(with_side, without_side):
+    """(the table's text, cases that gate, cases) -- a case gates when one of its items gates and
+    none is a NO."""
+    verdicts = item_verdicts(with_side, without_side)
     rows = [("case", "with the change", "without (reverted)", "gates")]
-    for cid in ids:
-        a, b = with_side.get(cid), without_side.get(cid)
-        rows.append((cid, verdict(a), verdict(b), "yes" if gates(a, b) else "NO"))
+    for cid, said in verdicts.items():
+        rows.append((cid, verdict(with_side.get(cid)), verdict(without_side.get(cid)), said))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    n_gate = sum(1 for cid in ids if gates(with_side.get(cid), without_side.get(cid)))
-    return "\n".join(lines), n_gate, len(ids)
+    cases = {case_of(i) for i in verdicts}
+    failing = {case_of(i) for i, said in verdicts.items() if said == "NO"}
+    return "\n".join(lines), len(cases - failing), len(cases)
 
 
 def verify(args):
@@ -199,7 +268,7 @@ def verify(args):
             raise VerifyError(f"--cases {f}: not a file")
     # the change is read before anything is written: bad input leaves no trace
     if Path(args.revert).is_file():
-        patch_text, what = Path(args.revert).read_text(), f"patch {args.revert}"
+        patch_text, what = ggml_relative(Path(args.revert).read_text(), root), f"patch {args.revert}"
     else:
         patch_text, what = diff_of_commit(args.revert, root)
     keep = args.workdir is not None
@@ -225,11 +294,15 @@ def verify(args):
         raise VerifyError("no case selected" + (f" by -k {args.keyword!r}" if args.keyword else ""))
     text, n_gate, n = table(with_side, without_side)
     print(text)
+    controls = sum(1 for said in item_verdicts(with_side, without_side).values() if said == "control")
+    also = (f" ({controls} control item(s) pass with and without it, beside an item of their case that gates)"
+            if controls else "")
     if n_gate == n:
-        print(f"\ngradgate verify: all {n} selected cases gate {what}")
+        print(f"\ngradgate verify: all {n} selected cases gate {what}{also}")
         return 0
-    print(f"\ngradgate verify: {n - n_gate} of {n} selected cases do NOT gate {what} "
-          "(a gating case fails without the change and passes with it)")
+    print(f"\ngradgate verify: {n - n_gate} of {n} selected cases do NOT gate {what}{also} "
+          "(a case gates when an item of it fails without the change and passes with it, and each of its "
+          "other items passes with the change)")
     return 1
 
 
