@@ -53,6 +53,18 @@ def test_moved_lines_are_not_news_and_another_assert_is():
     assert "records crashed (" in baseline.changed_kind("k", old, wrong, "b.json")
 
 
+def test_measured_figures_are_not_news_and_other_words_are():
+    """SILU's transposed misread reads memory it does not own: each run measures another cosine and
+    norm ratio, and every run's xfail said "this run: ..." for the same failure."""
+    recorded = {"status": "failed", "kind": "failed disagree",
+                "reason": "a: values disagree (cosine 0.410, norm ratio 0.773); the gradient reaches the op"}
+    again = result(Status.FAILED, Diagnosis.DISAGREE,
+                   "a: values disagree (cosine 0.369, norm ratio 3.24e+37); the gradient reaches the op")
+    assert "this run" not in baseline.xfail_reason(recorded, again)
+    worded = result(Status.FAILED, Diagnosis.DISAGREE, "a: values disagree (cosine 0.369); b reaches the op")
+    assert "this run: failed: a: values disagree (cosine 0.369); b reaches" in baseline.xfail_reason(recorded, worded)
+
+
 def test_every_shipped_entry_records_its_kind():
     import json
     for name in ("baseline_default.json", "baseline_ggml-0.26.0.json"):

@@ -75,8 +75,10 @@ def normalise_reason(text):
     return _ABS_SOURCE_PATH.sub(r"\1", (text or "").strip())
 
 
-# what drifts between two runs of one failure on trees a few edits apart: a source line number, an address
-_DRIFT = re.compile(r"(\.(?:c|cc|cpp|cu|h|m)):\d+|0x[0-9a-fA-F]+")
+# what drifts between two runs of one failure on trees a few edits apart: a source line number, an
+# address, and a measured figure (a cosine, a norm ratio, a share: a backward that reads memory it
+# does not own measures other figures on every run, and the same words are the same failure)
+_DRIFT = re.compile(r"(\.(?:c|cc|cpp|cu|h|m)):\d+|0x[0-9a-fA-F]+|-?\d+\.\d+(?:e[+-]?\d+)?|\d+e[+-]?\d+|\d+%")
 # ggml's own abort text (ggml.c's GGML_ASSERT and GGML_ABORT), not ours
 _GGML_ABORT = re.compile(r"GGML_ASSERT\(.*\) failed|GGML_ABORT\(.*\)|fatal error")
 
