@@ -117,3 +117,19 @@ def test_a_pinned_source_by_its_short_name_is_fetched_only_when_built(tmp_path, 
     with pytest.raises(SourceError) as err:
         resolve_source("ggml-9.9.9", env={})
     assert "or a pinned source: ggml-0.15.3, ggml-0.26.0" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["ggml-0.15.3", "ggml-0.26.0"])
+def test_a_byte_identical_copy_of_a_pinned_tree_is_that_source(name, tmp_path):
+    """Issue 52: a copy of the pinned tree counted as "not a pinned source": it got no baseline,
+    and every upstream finding was new. Its digest is the pinned one; one changed byte is a fork."""
+    from pytest_gradgate.library.cmake import GGML_BUILD_INPUTS
+    from pytest_gradgate.library.source import PINNED, copy_tree, resolve_source
+    from pytest_gradgate.library.tree_digest import tree_digest
+    pinned = resolve_source(name)
+    assert tree_digest(pinned.root, GGML_BUILD_INPUTS) == PINNED[name].tree_digest   # the shipped constant
+    copy = copy_tree(pinned.root, tmp_path / "ggml")
+    assert resolve_source(str(copy)).pinned is PINNED[name]
+    ggml_c = copy / "src" / "ggml.c"
+    ggml_c.write_text(ggml_c.read_text() + "\n// the fork's own line\n")
+    assert resolve_source(str(copy)).pinned is None

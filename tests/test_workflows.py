@@ -203,7 +203,7 @@ def _gate_step_script(job="cpu", inputs=None):
 
 
 @pytest.mark.slow
-def test_the_cpu_jobs_own_command_line_on_a_fork_with_a_baseline(tmp_path, default_ggml, default_build):
+def test_the_cpu_jobs_own_command_line_on_a_fork_with_a_baseline(tmp_path, ggml_variant):
     """The reusable workflow runs pytest from the runner's temporary folder. A fork's baseline,
     recorded in its checkout as docs/ci.md says, must match there: the run is green with the
     recorded failure (xfail) and red on a new one, whose id pasted back in the checkout selects
@@ -213,7 +213,9 @@ def test_the_cpu_jobs_own_command_line_on_a_fork_with_a_baseline(tmp_path, defau
     workspace, runner_temp = tmp_path / "fork", tmp_path / "runner-temp"
     (workspace / "tests").mkdir(parents=True)
     (workspace / ".git").mkdir()     # what actions/checkout leaves
-    (workspace / "ggml").symlink_to(default_ggml)   # built once, by content (llama.cpp's layout)
+    # a fork of 0.15.3 (a byte-identical copy of the pinned tree would be that pinned source), built
+    # once by content, in llama.cpp's layout
+    (workspace / "ggml").symlink_to(ggml_variant("concat-fixed")[0])
     runner_temp.mkdir()
     cases = workspace / "tests" / "gradgate_cases.yaml"
     cases.write_text(FORK_CASES)

@@ -268,7 +268,7 @@ class GateState:
         path = self.settings["baseline"]
         source = self.choose_source()
         pinned = source.pinned
-        if path is None and pinned is not None:
+        if path is None and pinned is not None and not (self.update_baseline and source.by_content):
             path = baseline_file.shipped_baseline(pinned)
         # a fork (a tree that is not pinned) of a version whose upstream baseline is shipped starts
         # from upstream's known failures: what they lack is the fork's own, red until accepted

