@@ -79,6 +79,27 @@ def test_a_user_file_id_selects_that_item_only(pytester):
     assert ran(result) == ["gradgate_mine.yaml::my_add[transpose-sqr-cpu]"]
 
 
+def test_an_id_printed_for_a_project_file_pastes_back_from_another_folder(pytester, monkeypatch):
+    """Issue 52: a run from outside a fork's checkout printed `tests/gradgate_cases.yaml::...`
+    (relative to the fork's root), and the id pasted into the same command from that folder was
+    `file or directory not found`, rc 4."""
+    fork = pytester.path / "fork"
+    (fork / "tests").mkdir(parents=True)
+    (fork / ".git").mkdir()
+    (fork / "tests" / "gradgate_cases.yaml").write_text(MY_CASES)
+    elsewhere = pytester.path / "elsewhere"
+    elsewhere.mkdir()
+    command = ("--gradgate", "--gradgate-no-builtin", "-p", "no:cacheprovider", "--gradgate-cases",
+               "../fork/tests/gradgate_cases.yaml", "--rootdir", str(elsewhere))
+    monkeypatch.chdir(elsewhere)
+    first = pytester.runpytest_subprocess(*command, "-rf")
+    failed = re.findall(r"^FAILED (\S+::my_silu\[transpose-sqr-cpu\])", first.stdout.str(), re.M)
+    assert failed == ["tests/gradgate_cases.yaml::my_silu[transpose-sqr-cpu]"], first.stdout.str()
+    again = pytester.runpytest_subprocess(*command, failed[0], "-q")
+    assert again.ret == pytest.ExitCode.TESTS_FAILED, again.stdout.str() + again.stderr.str()
+    again.assert_outcomes(failed=1)
+
+
 def test_lf_ff_and_sw_rerun_the_failures_of_user_and_builtin_files(pytester):
     """Before: `--lf` reran every item of the built-in files, which are initial paths of every
     run (pytest keeps all items of an initial path); here the built-in silu items fail too,

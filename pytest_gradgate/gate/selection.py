@@ -43,10 +43,24 @@ def project_nodeid(path, rootpath):
         return None
     except ValueError:
         pass
+    return _project_relative(path)
+
+
+def _project_relative(path):
     for folder in path.parents:
         if any((folder / marker).exists() for marker in PROJECT_MARKERS):
             return path.relative_to(folder).as_posix()
     return path.as_posix()
+
+
+def _case_file_named_by(arg, invocation_dir, case_files):
+    """The --gradgate-cases file a node id's path part names by its project-relative path (the
+    id a run printed: `tests/gradgate_cases.yaml::x[...]`), when that path is no file from where
+    pytest runs now; else None. So the id pastes back from any folder the same command runs in."""
+    path = arg.split("::", 1)[0]
+    if "::" not in arg or (Path(invocation_dir) / path).exists():
+        return None
+    return next((f for f in case_files if _project_relative(Path(f).resolve()) == path.replace("\\", "/")), None)
 
 
 def _builtin_named_by(arg, invocation_dir):
@@ -77,6 +91,9 @@ def gate_args(config, no_builtin, extra_files):
             names_builtin = True
             rest = arg.split("::", 1)[1:]
             arg = "::".join([str(builtin)] + rest)
+        case_file = _case_file_named_by(arg, invocation_dir, extra_files)
+        if case_file is not None:
+            arg = "::".join([str(case_file)] + arg.split("::", 1)[1:])
         selects_items = selects_items or "::" in arg
         args.append(arg)
     # keep paths the user named or the project's testpaths (gradgate_*.yaml are discovered
