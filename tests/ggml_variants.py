@@ -478,3 +478,13 @@ def make_variant(ggml_root, dest, name):
     else:
         insert_before(dest / "src" / "ggml.c", BACKWARD_ANCHOR, CONCAT_VARIANTS[name])
     return dest
+
+
+if __name__ == "__main__":
+    # `python tests/ggml_variants.py concat-buggy ggml-concat-buggy`: the README's first failure,
+    # made from the default ggml (fetched on first use) in a checkout of this repository
+    import sys
+    from pytest_gradgate.library.source import default_ggml_root
+    if len(sys.argv) != 3 or sys.argv[1] not in VARIANTS:
+        sys.exit(f"usage: python tests/ggml_variants.py VARIANT DEST\nVARIANT: one of {', '.join(VARIANTS)}")
+    print(make_variant(default_ggml_root(), Path(sys.argv[2]), sys.argv[1]))

@@ -216,3 +216,22 @@ if __name__ == "__main__" and sys.argv[1:] == ["--write-options"]:
     text = page.read_text(encoding="utf-8")
     begin, end = text.index(TABLE_BEGIN), text.index(TABLE_END) + len(TABLE_END)
     page.write_text(text[:begin] + options_table() + text[end:], encoding="utf-8")
+
+
+def test_the_readmes_first_failures_run_as_it_says(tmp_path, default_build):
+    """Issue 52: the README's first failure used a variant from tests/, which a wheel user does not
+    have. The command that makes it runs, and the wheel-only demo fails as the README says."""
+    made = subprocess.run([sys.executable, str(REPO / "tests" / "ggml_variants.py"), "concat-buggy",
+                           str(tmp_path / "ggml-concat-buggy")], capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stderr
+    assert "pytest-gradgate's" in (tmp_path / "ggml-concat-buggy" / "src" / "ggml.c").read_text()
+    readme = (REPO / "README.md").read_text()
+    demo = next(text for page, line, text in case_file_blocks() if page.name == "README.md" and "acc_demo" in text)
+    (tmp_path / "gradgate_demo.yaml").write_text(demo)
+    assert "pytest --gradgate --gradgate-no-builtin gradgate_demo.yaml" in readme
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--gradgate", "--gradgate-no-builtin", "-p",
+                           "no:cacheprovider", "gradgate_demo.yaml", "-rA"], capture_output=True, text=True,
+                          cwd=tmp_path, env=dict(os.environ, PYTEST_ADDOPTS=""), timeout=600)
+    assert "PASSED gradgate_demo.yaml::acc_demo[none-sqr-cpu]" in proc.stdout, proc.stdout[-3000:]
+    assert re.search(r"gradgate_demo.yaml::acc_demo\[transpose-sqr-cpu\]: MAA \S+ > \S+: b: right values at wrong "
+                     "positions", proc.stdout), proc.stdout[-3000:]
