@@ -161,3 +161,20 @@ def test_a_consumer_that_cannot_read_a_declared_ops_output_is_found_in_the_worke
     ''')
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist")
     result.assert_outcomes(passed=1)
+
+
+def test_an_abort_inside_a_declared_op_names_the_ggml_function_that_holds_it(pytester, default_build):
+    """Issue 52: a crash inside a declared op named ggml's assert (`ggml/src/ggml.c:2146: GGML_ASSERT(
+    ggml_nelements(b) <= ggml_nelements(a)) failed`) but not the ggml function, among those the
+    op calls, that holds it. Here the op is ggml_acc, and the assert is in ggml_acc_impl."""
+    (pytester.path / "gradgate_declared.yaml").write_text(
+        "ops:\n  my_acc:\n    c: \"struct ggml_tensor * ggml_acc(struct ggml_context * ctx, struct ggml_tensor * a, "
+        "struct ggml_tensor * b, size_t nb1, size_t nb2, size_t nb3, size_t offset);\"\n"
+        "cases:\n  - name: too_big\n    params: {a: [2, 2], b: [4, 3]}\n"
+        "    graph: my_acc(a, b, nb1=8, nb2=16, nb3=16, offset=0)\n    consumers: [none]\n")
+    result = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "-p", "no:cacheprovider",
+                                           "gradgate_declared.yaml")
+    result.stdout.fnmatch_lines(["*too_big[[]none-sqr-cpu[]]: crashed: ggml aborted in phase build-forward: "
+                                 "*ggml.c:*: GGML_ASSERT(ggml_nelements(b) <= ggml_nelements(a)) failed "
+                                 "(in ggml's ggml_acc_impl, src/ggml.c:* of the tree under test)"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED

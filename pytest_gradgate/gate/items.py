@@ -140,6 +140,8 @@ class CaseItem(pytest.Item):
     def runtest(self):
         state = state_of(self.config)
         result = state.run(self.case, key=self.nodeid, upcoming=_upcoming(self, state))
+        if self.case.ops:
+            _name_the_asserts_function(result, state)
         self.gradgate_result = result
         _track_start_failures(state, result, self.session)
         _decide(self, result)
@@ -156,6 +158,19 @@ class CaseItem(pytest.Item):
 
     def reportinfo(self):
         return self.path, self.case.origin.get("line", 1) - 1, self.case.id
+
+
+def _name_the_asserts_function(result, state):
+    """A declared op's abort names ggml's file and line; add the ggml function that holds it, read
+    from the tree under test (a fork's op calls several of ggml's: which one refused?)."""
+    from pytest_gradgate.library.source_site import abort_site, enclosing_function
+    if result.kind != Diagnosis.GGML_ABORT or not result.diagnosis:
+        return
+    site = abort_site(result.diagnosis)
+    root = state.source.root_if_present() if state.source is not None else None
+    function = enclosing_function(root, *site) if site and root else None
+    if function:
+        result.diagnosis += f" (in ggml's {function}, {site[0]}:{site[1]} of the tree under test)"
 
 
 class ParityItem(CaseItem):
