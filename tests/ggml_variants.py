@@ -369,11 +369,16 @@ SCALE_IMPL_ASSERT = ("    GGML_ASSERT(ggml_is_padded_1d(a));\n\n"
 SCALE_KERNEL_ASSERT = ("    GGML_ASSERT(ggml_is_contiguous(src0));\n    GGML_ASSERT(ggml_is_contiguous(dst));\n"
                        "    GGML_ASSERT(ggml_are_same_shape(src0, dst));\n\n    float s; // scale factor\n")
 REGIME_VARIANTS = ("silu-back-overwrites", "softmax-back-fixed", "scale-back-inplace", "scale-reads-contiguous")
+# "relu-unmasked": RELU's backward passes the incoming gradient through unmasked, also where the
+# input is negative and the numeric gradient is 0 (issue 53: a diagnosis that claims what it saw)
+RELU_BACKWARD_LINE = "ggml_add_or_set(ctx, cgraph, isrc0, ggml_mul(ctx, ggml_step(ctx, src0), grad));"
+_RELU_UNMASKED_CODE = "ggml_add_or_set(ctx, cgraph, isrc0, grad); // pytest-gradgate's relu-unmasked test variant"
+DIAGNOSIS_VARIANTS = ("relu-unmasked",)
 
 VARIANTS = (tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "heap-overflow", "unwritten", "race",
                                      "tf32-matmul", "tf32-matmul-scaled", "sub-sign", "input-strides", "transpose-half",
                                      "transpose-reshape", "flaky-scale") + tuple(UNCAUGHT_VARIANTS) + (UNCAUGHT,) + tuple(WALK_SCALE_VARIANTS)
-            + REGIME_VARIANTS)
+            + REGIME_VARIANTS + DIAGNOSIS_VARIANTS)
 
 
 class PatchError(Exception):
@@ -446,6 +451,8 @@ def make_variant(ggml_root, dest, name):
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", SCALE_KERNEL_ASSERT, SCALE_KERNEL_ASSERT.split("\n", 1)[1])
     elif name == "scale-back-inplace":
         replace_once(dest / "src" / "ggml.c", SCALE_ANCHOR, _SCALE_BACK_INPLACE_CODE)
+    elif name == "relu-unmasked":
+        replace_once(dest / "src" / "ggml.c", RELU_BACKWARD_LINE, _RELU_UNMASKED_CODE)
     elif name == "sub-sign":
         replace_once(dest / "src" / "ggml.c", SUB_SIGN_ANCHOR, _SUB_SIGN_CODE)
     elif name == "transpose-reshape":

@@ -2,6 +2,7 @@
 diagnosis kinds, phases and power. Array-level checks of the same rules: test_metrics.py."""
 
 import contextlib
+import re
 
 import numpy as np
 import pytest
@@ -414,3 +415,17 @@ def test_a_crashs_line_says_its_phase_once(runner):
     assert r.status == "crashed" and r.phase == "build-backward"
     line = one_line(r.to_dict())
     assert line.startswith("crashed: ggml aborted in phase build-backward: ") and line.count("in phase") == 1
+
+
+def test_gradient_sent_where_it_should_be_masked_is_named_so(run_on):
+    """Issue 53: a backward that sends gradient to elements it should mask was called "right
+    values at wrong positions ... reads the incoming gradient with the wrong strides or offsets",
+    while its element lines showed analytic +1.99 against numeric 0. relu-unmasked: RELU's backward
+    without its step(x) mask."""
+    # b keeps the gradient arriving at relu non-zero where a < 0 (with relu alone, SQR's gradient
+    # 2 relu(a) is already 0 there, and the missing mask changes nothing)
+    r = run_on("relu-unmasked", case("add(relu(a), b)", {"a": [4, 3, 2], "b": [4, 3, 2]}, alloc="own"))
+    assert r.status == "failed" and r.kind == "gradient-where-zero", r.diagnosis
+    assert re.match(r"a: gradient where the numeric one is zero: at (all )?\d+ of the \d+ elements that disagree", r.diagnosis)
+    assert "the backward sends gradient to elements it should mask" in r.diagnosis
+    assert "wrong positions" not in r.diagnosis and "strides" not in r.diagnosis

@@ -272,3 +272,25 @@ def test_a_failure_with_few_elements_off_halves_the_step_only_there():
     unreliable, taken, passes = reliability.unreliable_elements(a, n, np.full(n.size, 1e-7), np.zeros(n.size), 0.0,
                                                                 LIMIT, halved_at)
     assert asked == [[10, 500, 900]] and taken == 3 and not passes and not unreliable.any()
+
+
+def test_a_gradient_lost_at_some_elements_only_is_named_so():
+    """Issue 53: zero analytic values exactly where the numeric ones are not (max-pool windows whose
+    values are all negative, say), and agreement elsewhere: a lost gradient, not wrong positions."""
+    numeric = np.array([0.5, -1.25, 2.0, 0.75, -0.5, 1.5])
+    analytic = numeric.copy()
+    analytic[[1, 4]] = 0.0
+    noise = np.full(numeric.shape, 1e-6)
+    kind, text = metrics.diagnose(analytic, numeric, noise, metrics.compare(analytic, numeric, noise, 1e-4), 1e-4,
+                                  shape_ne=[6, 1, 1, 1])
+    assert kind == Diagnosis.LOST
+    assert text.startswith("gradient lost: at all 2 of the 6 elements that disagree, the analytic gradient is 0")
+    assert "e.g. at [1, 0, 0, 0]: analytic +0, numeric -1.25" in text
+    # one element lost, another given gradient where the numeric is 0: no one-sided claim
+    analytic = numeric.copy()
+    analytic[1] = 0.0
+    numeric_masked = numeric.copy()
+    numeric_masked[2] = 0.0
+    kind, _ = metrics.diagnose(analytic, numeric_masked, noise,
+                               metrics.compare(analytic, numeric_masked, noise, 1e-4), 1e-4)
+    assert kind not in (Diagnosis.LOST, Diagnosis.UNMASKED)

@@ -206,6 +206,9 @@ def diagnose(analytic, numeric, noise, metrics, max_maa, reads="the incoming gra
     noise = np.broadcast_to(np.asarray(noise, dtype=np.float64), a.shape)
     if np.all(np.abs(a) <= noise) and not np.all(np.abs(n) <= noise):
         return Diagnosis.DROPPED, "analytic gradient is zero where the numeric one is not: the backward drops this gradient"
+    one_sided = _zero_on_one_side(a, n, noise, max_maa, shape_ne)
+    if one_sided is not None:
+        return one_sided
     cos = metrics["cosine"]
     sorted_metrics = compare(np.sort(a), np.sort(n), np.sort(noise), max_maa)
     if sorted_metrics["maa"] <= max(10 * max_maa, sorted_metrics["limit"]) and abs(cos) < 0.999:
@@ -238,6 +241,44 @@ def diagnose(analytic, numeric, noise, metrics, max_maa, reads="the incoming gra
         return Diagnosis.DISAGREE, (f"values disagree by an error spread over the elements, with no wrong scale, sign "
                                     f"or positions behind it (cosine {cos:.6f}, analytic = {k:.6g} x numeric)")
     return Diagnosis.DISAGREE, f"values disagree (cosine {cos:.3f}, norm ratio {metrics['norm_ratio']:.3g})"
+
+
+ONE_SIDED_SHARE = 0.75    # of the elements that disagree, zero on one side for a one-sided claim
+
+
+def _zero_on_one_side(a, n, noise, max_maa, shape_ne):
+    """(kind, text) where most elements that disagree (ONE_SIDED_SHARE) are zero on one side and
+    not on the other, and none is zero on the other side only: a claim about where the gradient
+    goes, with its counts, before any claim about positions or strides (a backward that sends
+    gradient to the elements max-pool masks reads nothing at a wrong place). The rest, elements
+    whose step crosses the mask's edge say, are counted and not explained."""
+    off = (np.abs(a - n) > NOISE_FACTOR * noise) & (np.abs(a - n) > max_maa * np.abs(a + n))
+    if not off.any():
+        return None
+    zero_a, zero_n = np.abs(a) <= noise, np.abs(n) <= noise
+    unmasked, lost = off & zero_n & ~zero_a, off & zero_a & ~zero_n
+    total = int(off.sum())
+
+    def at(i):
+        return f"{ggml_index(int(i), shape_ne)}" if shape_ne is not None else f"element {int(i)}"
+
+    def count(mask):
+        k = int(mask.sum())
+        return (f"at all {k} of the {a.size} elements that disagree" if k == total else
+                f"at {k} of the {total} elements that disagree (of {a.size})")
+    if unmasked.sum() >= ONE_SIDED_SHARE * total and not lost.any():
+        idx = np.flatnonzero(unmasked)
+        i = idx[np.argmax(np.abs(a[idx]))]
+        return Diagnosis.UNMASKED, (f"gradient where the numeric one is zero: {count(unmasked)}, the numeric gradient "
+                                    f"is 0 and the analytic is not (e.g. at {at(i)}: analytic {a[i]:+.3g}, numeric "
+                                    f"{n[i]:+.3g}); the backward sends gradient to elements it should mask")
+    if lost.sum() >= ONE_SIDED_SHARE * total and not unmasked.any():
+        idx = np.flatnonzero(lost)
+        i = idx[np.argmax(np.abs(n[idx]))]
+        return Diagnosis.LOST, (f"gradient lost: {count(lost)}, the analytic gradient is 0 and the numeric is not "
+                                f"(e.g. at {at(i)}: analytic {a[i]:+.3g}, numeric {n[i]:+.3g}); the backward drops "
+                                "the gradient of these elements")
+    return None
 
 
 def warm_up_diagnosis():

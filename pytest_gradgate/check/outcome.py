@@ -64,6 +64,11 @@ class Diagnosis(_Word):
     WRONG_SCALE = "wrong-scale"
     WRONG_SIGN = "wrong-sign"
     DROPPED = "dropped"                   # analytic zero where the numeric one is not
+    # at every element that disagrees, and only there, the numeric gradient is zero and the
+    # analytic is not (a mask not applied: max-pool's other elements, a clamp's flat part) ...
+    UNMASKED = "gradient-where-zero"
+    # ... or the analytic is zero and the numeric is not (a gradient lost for some elements only)
+    LOST = "gradient-lost"
     CONCENTRATED = "concentrated"         # a few elements hold the error, the others agree (named)
     # the memory checks (check/memory.py, check/determinism.py): facts of the run, not of the values
     OUT_OF_BOUNDS_WRITE = "out-of-bounds-write"   # a guard zone beside a tensor changed
