@@ -112,7 +112,10 @@ def run(args):
         _progress(f"wrote {args.out} and {json_path(args.out)}")
     new = [f for f in found if f.known is None]
     if args.update_baseline:
-        entries = findings_mod.baseline_entries(new)
+        from pytest_gradgate.gate.baseline import upstream_baseline
+        # on a fork, what upstream's shipped baseline lacks is recorded as the fork's own: red
+        # on later searches until its entry is given an "accepted" reason (docs/fork.md)
+        entries = findings_mod.baseline_entries(new, upstream_baseline(source))
         recorded = baseline.record_explore(entries, source.version)
 
         def change(current):      # the file as other runs left it, plus this run's findings
@@ -120,8 +123,12 @@ def run(args):
             return current
         from pytest_gradgate.gate.baseline import record
         baseline = record(baseline.path, change)
-        _progress(f"recorded {recorded} new finding(s) as known in {baseline.path} ({len(baseline.explore)} explore "
-                  f"finding(s) and {len(baseline)} suite failure(s) in it)")
+        own = [key for key, entry in entries.items() if entry.get("own")]
+        _progress(f"recorded {recorded} new finding(s) in {baseline.path} ({len(baseline.explore)} explore "
+                  f"finding(s) and {len(baseline)} suite failure(s) in it)"
+                  + (f"; {len(own)} of them the fork's own, not in upstream {entries[own[0]]['own']}'s known failures: "
+                     "each stays a new finding until its entry is given an \"accepted\": \"<why>\" reason: "
+                     + ", ".join(own) if own else ""))
         return 0
     if new and baseline is None and not source.pinned:
         print("\n" + first_run_text(source, stats, bool(args.ops)))
@@ -171,7 +178,9 @@ def replay_command(stats, ops_given, ggml_src=None):
 
 
 def header_text(source, stats):
-    named = None if source.origin == "default" else source.pinned.name if source.pinned is not None else source.label
+    # a pinned source by its name, a tree by its path (a copy of a pinned tree included: as given)
+    named = (None if source.origin == "default" else source.pinned.name if source.pinned is not None
+             and not source.by_content else source.label)
     tree = _tree_options(named, "--gradgate-ggml-src")
     return (f"Findings of gradgate explore on ggml {source.version} from {source.label}\n"
             f"(seed {stats['seed']}, {stats['jobs']} job(s), budget {stats['budget_s']:g} s). Run them with:\n"

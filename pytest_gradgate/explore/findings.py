@@ -298,11 +298,16 @@ class KnownFailures:
     same site of the same op, a wrong gradient of the same op, a consumer that fails on its own."""
 
     def __init__(self, baseline):
-        from pytest_gradgate.gate.baseline import normalise_reason
-        self.explore = dict(baseline.explore) if baseline is not None else {}
+        from pytest_gradgate.gate.baseline import _unaccepted, normalise_reason
+        # a fork's own failure that nobody accepted is no known failure: not for the suite
+        # (gate/baseline.py, Baseline.known), and not for a search either
+        self.explore = {k: e for k, e in (baseline.explore if baseline is not None else {}).items()
+                        if not _unaccepted(e)}
         ops = builtin_ops() if baseline is not None and len(baseline) else {}
         self.entries = []
         for node, entry in sorted((baseline.entries if baseline is not None else {}).items()):
+            if _unaccepted(entry):
+                continue
             op, consumer, producer = ops.get(node, (None, None, None))
             self.entries.append((node, op, consumer, producer, entry["status"], normalise_reason(entry.get("reason")),
                                  entry))
@@ -383,11 +388,21 @@ def _layout_of(mapping):
     return (mapping.get("consumers") or ["none"])[0], (mapping.get("producers") or ["none"])[0]
 
 
-def baseline_entries(findings):
-    """The baseline's explore entries that record these findings as known (gate/baseline.py)."""
+def baseline_entries(findings, upstream=None):
+    """The baseline's explore entries that record these findings as known (gate/baseline.py).
+    upstream: the shipped baseline of a fork's upstream version (its `upstream` the pin's name):
+    a finding it does not know is recorded as the fork's own, which stays a new finding until
+    its entry is given an "accepted" reason, as the suite's own entries do."""
     from pytest_gradgate.gate.baseline import reason_of
-    return {key_text(f.key): {"status": f.result["status"], "reason": reason_of(f.result), "case": f.mapping}
-            for f in findings}
+    theirs = KnownFailures(upstream) if upstream is not None else None
+    entries = {}
+    for f in findings:
+        entry = {"status": f.result["status"], "reason": reason_of(f.result), "case": f.mapping}
+        if theirs is not None:
+            known = theirs.match_finding(f.key, f.result["status"], f.mapping)
+            entry["upstream" if known is not None else "own"] = upstream.upstream
+        entries[key_text(f.key)] = entry
+    return entries
 
 
 def mark_known(findings, baseline):

@@ -60,6 +60,17 @@ def upstream_of(version):
     from pytest_gradgate.library.source import PINNED
     return PINNED.get(f"ggml-{version}")
 
+
+def upstream_baseline(source):
+    """For a fork (a tree that is no pinned source, of a version whose baseline is shipped):
+    upstream's shipped baseline, its `upstream` the pin's name; else None."""
+    pin = upstream_of(source.version) if source.pinned is None else None
+    if pin is None:
+        return None
+    upstream = Baseline.load(shipped_baseline(pin))
+    upstream.upstream = pin.name
+    return upstream
+
 # ggml's abort lines carry the path it was compiled from: absolute, ggml/src/... where the build
 # shares objects between copies of one tree (library/cmake.py, SOURCE_LINK), or ../ggml-source/src/...
 # from a compiler without the prefix map (library/native/CMakeLists.txt); keep only the part inside the

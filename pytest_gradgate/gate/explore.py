@@ -105,7 +105,8 @@ def _search(config, state):
     if state.update_baseline and state.baseline is not None:
         # recorded now, written with the suite's entries at the end of the run (report/outputs.py)
         new = [f for f in found if f.known is None]
-        state.baseline.record_explore(findings_mod.baseline_entries(new), state.source.version)
+        state.baseline.record_explore(findings_mod.baseline_entries(new, getattr(state, "upstream", None)),
+                                      state.source.version)
         for f in new:
             f.known = {"node": f"explore: {findings_mod.key_text(f.key)}", "status": f.result["status"],
                        "reason": "recorded in the new baseline"}

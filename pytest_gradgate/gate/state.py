@@ -272,10 +272,9 @@ class GateState:
             path = baseline_file.shipped_baseline(pinned)
         # a fork (a tree that is not pinned) of a version whose upstream baseline is shipped starts
         # from upstream's known failures: what they lack is the fork's own, red until accepted
-        upstream_pin = baseline_file.upstream_of(source.version) if pinned is None else None
-        if upstream_pin is not None:
-            self.upstream = baseline_file.Baseline.load(baseline_file.shipped_baseline(upstream_pin))
-            self.upstream.upstream = upstream_pin.name
+        upstream = baseline_file.upstream_baseline(source)
+        if upstream is not None:
+            self.upstream = upstream
             if path is None and not self.update_baseline:
                 self.baseline = self.upstream
                 return self.baseline
