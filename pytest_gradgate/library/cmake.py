@@ -23,12 +23,11 @@ from pytest_gradgate.library.options import BUILD_INFO, BuildOptions, build_back
 from pytest_gradgate.library.sanitizer import runtime_library
 from pytest_gradgate.library.shipped import NATIVE_FILES, native_dir
 from pytest_gradgate.errors import BuildError
-from pytest_gradgate.library.source import read_ggml_version
+from pytest_gradgate.library.source import GGML_BUILD_INPUTS, read_ggml_version
 from pytest_gradgate.library.tree_digest import tree_digest
 
 LIBRARY_NAME = {"darwin": "libgradgate.dylib", "win32": "gradgate.dll"}.get(sys.platform, "libgradgate.so")
-# what of a ggml tree goes into the library; tests/, examples/, docs/ do not
-GGML_BUILD_INPUTS = ("CMakeLists.txt", "cmake", "include", "src", "ggml.pc.in")
+# GGML_BUILD_INPUTS (library/source.py): what of a ggml tree goes into the library
 
 
 @dataclass

@@ -24,6 +24,10 @@ from pytest_gradgate.errors import SourceError
 from pytest_gradgate.printable import inline
 
 
+# what of a ggml tree goes into the library (and into its digest); tests/, examples/, docs/ do not
+GGML_BUILD_INPUTS = ("CMakeLists.txt", "cmake", "include", "src", "ggml.pc.in")
+
+
 @dataclass(frozen=True)
 class PinnedSource:
     """A ggml tree inside a PyPI sdist, pinned by the sdist's sha256."""
@@ -192,7 +196,6 @@ def pinned_by_content(root):
     candidates = [pin for pin in PINNED.values() if pin.tree_digest and pin.ggml_version == version]
     if not candidates:
         return None     # the cheap test first: only a tree of a pinned version is hashed
-    from pytest_gradgate.library.cmake import GGML_BUILD_INPUTS
     from pytest_gradgate.library.tree_digest import tree_digest
     digest = tree_digest(root, GGML_BUILD_INPUTS)
     return next((pin for pin in candidates if pin.tree_digest == digest), None)
