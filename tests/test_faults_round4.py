@@ -82,16 +82,22 @@ def test_a_newline_in_any_field_never_becomes_a_workflow_command(pytester, defau
               dict(base, name="description", description=INJECTED)]
     (pytester.path / "gradgate_fields.yaml").write_text(yaml.safe_dump({"cases": fields}))
     (pytester.path / f"gradgate_{INJECTED}.yaml").write_text("cases:\n  - name: crash\n" + CRASHING)
+    (pytester.path / "gradgate_a\x01b.yaml").write_text("cases:\n  - name: ok\n" + PASSING)
     result = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "-p", "no:cacheprovider",
-                                           "-rA", ".", "--gradgate-json", "r.json")
+                                           "-rA", ".", "--gradgate-json", "r.json", "--junitxml", "j.xml")
     out = result.stdout.str() + result.stderr.str()
     assert _forged_commands(out) == []
     assert result.ret == 1
+    # row 19: the ids pytest's JUnit file takes its names from print on one line, and it parses
+    import xml.etree.ElementTree as ET
+    names = {case.get("classname") for case in ET.parse(pytester.path / "j.xml").iter("testcase")}
+    assert "gradgate_a\\x01b.yaml" in names, names
     report = json.loads((pytester.path / "r.json").read_text())
     invalid = report["invalid_cases"]
-    assert len(invalid) == 10 and all("\n" not in bad["message"] for bad in invalid), invalid
-    named = [bad for bad in invalid if "control character" in bad["message"]]
-    assert len(named) == 1 and named[0]["path"].endswith("gradgate_x\\n::error file=x.yaml,line=1::INJECTED.yaml")
+    assert len(invalid) == 11 and all("\n" not in bad["message"] for bad in invalid), invalid
+    named = sorted(bad["path"] for bad in invalid if "control character" in bad["message"])
+    assert len(named) == 2 and named[1].endswith("gradgate_x\\n::error file=x.yaml,line=1::INJECTED.yaml")
+    assert named[0].endswith("gradgate_a\\x01b.yaml")
     assert report["statuses"] == {"passed": 1}      # `description` is text, never printed: its case runs
 
     # row 18: --gradgate-ggml-src (and gradgate build --ggml-src) echoed on one line
