@@ -266,18 +266,16 @@ def _zero_on_one_side(a, n, noise, max_maa, shape_ne):
         k = int(mask.sum())
         return (f"at all {k} of the {a.size} elements that disagree" if k == total else
                 f"at {k} of the {total} elements that disagree (of {a.size})")
-    if unmasked.sum() >= ONE_SIDED_SHARE * total and not lost.any():
-        idx = np.flatnonzero(unmasked)
-        i = idx[np.argmax(np.abs(a[idx]))]
-        return Diagnosis.UNMASKED, (f"gradient where the numeric one is zero: {count(unmasked)}, the numeric gradient "
-                                    f"is 0 and the analytic is not (e.g. at {at(i)}: analytic {a[i]:+.3g}, numeric "
-                                    f"{n[i]:+.3g}); the backward sends gradient to elements it should mask")
-    if lost.sum() >= ONE_SIDED_SHARE * total and not unmasked.any():
-        idx = np.flatnonzero(lost)
-        i = idx[np.argmax(np.abs(n[idx]))]
-        return Diagnosis.LOST, (f"gradient lost: {count(lost)}, the analytic gradient is 0 and the numeric is not "
-                                f"(e.g. at {at(i)}: analytic {a[i]:+.3g}, numeric {n[i]:+.3g}); the backward drops "
-                                "the gradient of these elements")
+    sides = ((Diagnosis.UNMASKED, unmasked, lost, a, "gradient where the numeric one is zero",
+              "the numeric gradient is 0 and the analytic is not", "sends gradient to elements it should mask"),
+             (Diagnosis.LOST, lost, unmasked, n, "gradient lost", "the analytic gradient is 0 and the numeric is not",
+              "drops the gradient of these elements"))
+    for kind, mask, other, nonzero, name, what, does in sides:
+        if mask.sum() >= ONE_SIDED_SHARE * total and not other.any():
+            idx = np.flatnonzero(mask)
+            i = idx[np.argmax(np.abs(nonzero[idx]))]
+            return kind, (f"{name}: {count(mask)}, {what} (e.g. at {at(i)}: analytic {a[i]:+.3g}, numeric "
+                          f"{n[i]:+.3g}); the backward {does}")
     return None
 
 

@@ -116,13 +116,14 @@ def run(args):
         # on a fork, what upstream's shipped baseline lacks is recorded as the fork's own: red
         # on later searches until its entry is given an "accepted" reason (docs/fork.md)
         entries = findings_mod.baseline_entries(new, upstream_baseline(source))
-        recorded = baseline.record_explore(entries, source.version)
+        counted = []
 
         def change(current):      # the file as other runs left it, plus this run's findings
-            current.record_explore(entries, source.version)
+            counted.append(current.record_explore(entries, source.version))
             return current
         from pytest_gradgate.gate.baseline import record
         baseline = record(baseline.path, change)
+        recorded = counted[0]
         own = [key for key, entry in entries.items() if entry.get("own")]
         _progress(f"recorded {recorded} new finding(s) in {baseline.path} ({len(baseline.explore)} explore "
                   f"finding(s) and {len(baseline)} suite failure(s) in it)"

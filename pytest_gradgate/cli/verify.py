@@ -133,7 +133,7 @@ def ggml_relative(patch_text, ggml_root):
                 in_header = False
             if in_header:
                 for prefix in ("a/", "b/"):
-                    line = line.replace(f" {prefix}ggml/", f" {prefix}").replace(f"\t{prefix}ggml/", f"\t{prefix}")
+                    line = line.replace(f" {prefix}ggml/", f" {prefix}")
                 if line.startswith(("rename from ggml/", "rename to ggml/", "copy from ggml/", "copy to ggml/")):
                     line = line.replace(" ggml/", " ", 1)
             kept.append(line)

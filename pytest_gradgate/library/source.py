@@ -66,14 +66,14 @@ class GgmlSource:
     """The ggml tree under test. A pinned source is fetched when its root is first needed
     (a build), not when the source is chosen (collection, the report header)."""
 
-    def __init__(self, root, label, origin, pinned=None):
+    def __init__(self, root, label, origin, pinned=None, by_content=False):
         self._root = Path(root) if root is not None else None
         self.label = label      # how the user named it, for headers and reports
         self.origin = origin    # "option", "env", "ini" or "default"
         self.pinned = pinned    # the PinnedSource, when the source is one
         # a path whose tree is a pinned source's byte for byte: it reads that source's shipped
         # baseline, and never writes it (that file lives in the installed package)
-        self.by_content = False
+        self.by_content = by_content
 
     @property
     def root(self):
@@ -183,9 +183,8 @@ def resolve_source(option_value=None, ini_value=None, env=None, option_name="--g
         if pin is not None and not Path(str(value)).exists():   # a folder of that name wins
             return GgmlSource(None, pin.label, origin, pinned=pin)
         root = ggml_root_of(value, named_by, pinned_names=True)
-        source = GgmlSource(root, inline(value), origin, pinned=pinned_by_content(root))
-        source.by_content = source.pinned is not None
-        return source
+        pinned = pinned_by_content(root)
+        return GgmlSource(root, inline(value), origin, pinned=pinned, by_content=pinned is not None)
     return GgmlSource(None, DEFAULT_LABEL, "default", pinned=DEFAULT_PIN)
 
 
