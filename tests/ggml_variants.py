@@ -373,7 +373,14 @@ REGIME_VARIANTS = ("silu-back-overwrites", "softmax-back-fixed", "scale-back-inp
 # input is negative and the numeric gradient is 0 (issue 53: a diagnosis that claims what it saw)
 RELU_BACKWARD_LINE = "ggml_add_or_set(ctx, cgraph, isrc0, ggml_mul(ctx, ggml_step(ctx, src0), grad));"
 _RELU_UNMASKED_CODE = "ggml_add_or_set(ctx, cgraph, isrc0, grad); // pytest-gradgate's relu-unmasked test variant"
-DIAGNOSIS_VARIANTS = ("relu-unmasked",)
+# "pool-max-negative": POOL_2D's max backward starts its search for the window's maximum at 0
+# instead of -FLT_MAX, so a window whose values are all negative finds none and its gradient is
+# lost; positive windows are right. Upstream has a pool_2d finding of its own (ties, values
+# disagree): this one must not be taken for it (issue 52, explore's key)
+POOL_MAX_START = "                    float maxval = -FLT_MAX;\n                    int kxmax = -1;\n"
+_POOL_MAX_NEGATIVE_CODE = ("                    float maxval = 0.0f; // pytest-gradgate's pool-max-negative test variant\n"
+                           "                    int kxmax = -1;\n")
+DIAGNOSIS_VARIANTS = ("relu-unmasked", "pool-max-negative")
 
 VARIANTS = (tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "heap-overflow", "unwritten", "race",
                                      "tf32-matmul", "tf32-matmul-scaled", "sub-sign", "input-strides", "transpose-half",
@@ -453,6 +460,8 @@ def make_variant(ggml_root, dest, name):
         replace_once(dest / "src" / "ggml.c", SCALE_ANCHOR, _SCALE_BACK_INPLACE_CODE)
     elif name == "relu-unmasked":
         replace_once(dest / "src" / "ggml.c", RELU_BACKWARD_LINE, _RELU_UNMASKED_CODE)
+    elif name == "pool-max-negative":
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", POOL_MAX_START, _POOL_MAX_NEGATIVE_CODE)
     elif name == "sub-sign":
         replace_once(dest / "src" / "ggml.c", SUB_SIGN_ANCHOR, _SUB_SIGN_CODE)
     elif name == "transpose-reshape":

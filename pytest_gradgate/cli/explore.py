@@ -69,8 +69,15 @@ def resolve(args):
     path = args.baseline or (baseline_file.shipped_baseline(source.pinned) if source.pinned else None)
     if args.update_baseline and not Path(path).exists():
         baseline = baseline_file.Baseline(path)
+    elif path:
+        baseline = baseline_file.Baseline.load(path)
     else:
-        baseline = baseline_file.Baseline.load(path) if path else None
+        # a fork of a pinned version starts from upstream's known failures, as the suite does; each
+        # finding known from them is run on upstream too (explore/upstream_check.py)
+        baseline = baseline_file.upstream_baseline(source)
+        if baseline is not None:
+            _progress(f"baseline: upstream {baseline.upstream}'s known failures (this tree says it is ggml "
+                      f"{source.version}); a finding counts as one of them only if upstream fails its case the same way")
     build = ensure_build(source.root, BuildOptions(), progress=_progress)
     return source, build.library, baseline
 
@@ -104,6 +111,10 @@ def run(args):
                                   jobs=args.jobs, database=None if args.no_database else args.database,
                                   progress=_progress, baseline=baseline, declared=declared)
     findings_mod.mark_known(found, baseline)
+    from pytest_gradgate.explore.upstream_check import confirm_on_upstream
+    from pytest_gradgate.library.options import BuildOptions
+    # on a fork, a key match is no proof: upstream must fail the very case the same way
+    stats["upstream_checked"] = confirm_on_upstream(found, library, source, BuildOptions(), progress=_progress)
     stats["case_files"] = list(args.cases or ())
     stats["consumers"] = list(args.consumers or ())
     print(summary_text(found, stats, args))
@@ -115,7 +126,10 @@ def run(args):
         from pytest_gradgate.gate.baseline import upstream_baseline
         # on a fork, what upstream's shipped baseline lacks is recorded as the fork's own: red
         # on later searches until its entry is given an "accepted" reason (docs/fork.md)
-        entries = findings_mod.baseline_entries(new, upstream_baseline(source))
+        from pytest_gradgate.explore.upstream_check import upstream_has
+        upstream = upstream_baseline(source)
+        theirs = upstream_has(new, upstream, library, source, BuildOptions(), _progress) if upstream else set()
+        entries = findings_mod.baseline_entries(new, upstream, theirs)
         counted = []
 
         def change(current):      # the file as other runs left it, plus this run's findings
@@ -209,6 +223,8 @@ def summary_text(found, stats, args=None):
         lines.append("")
         mark = f"  [known: {f.known['node']}]" if f.known else "  [NEW]"
         lines.append(f"{i}. {key_text(f.key)}{mark}")
+        if f.not_upstream:
+            lines.append(f"   the fork's own, though its key is a known failure's: {f.not_upstream}")
         message = " ".join((f.result.get("message") or "").split())
         if message:
             lines.append(f"   {message}")

@@ -167,6 +167,7 @@ class Finding:
         self.found_after_s = found_after_s
         self.known = None                 # the baseline entry that records it, see mark_known
         self.reproduced = None            # {runs, failed, verdicts} of its case run again (reproduce.py)
+        self.not_upstream = None          # on a fork: how upstream differs on its case (upstream_check.py)
 
     @property
     def flaky(self):
@@ -185,7 +186,8 @@ class Finding:
                 "diagnosis": normalise_reason(self.result.get("diagnosis")),
                 "message": normalise_reason(self.result.get("message")), "seed": self.seed,
                 "kind": self.result.get("kind"), "found_after_s": round(self.found_after_s, 2), "known": self.known,
-                "reproduced": self.reproduced, "flaky": self.flaky, "node": node_name(self.mapping)}
+                "reproduced": self.reproduced, "flaky": self.flaky, "node": node_name(self.mapping),
+                "not_upstream": self.not_upstream}
 
     @classmethod
     def from_dict(cls, data):
@@ -195,6 +197,7 @@ class Finding:
                 data["seed"], data["found_after_s"])
         f.known = data.get("known")
         f.reproduced = data.get("reproduced")
+        f.not_upstream = data.get("not_upstream")
         return f
 
 
@@ -340,7 +343,8 @@ class KnownFailures:
         op, kind, site = key
         recorded = self.explore.get(key_text(key))
         if recorded is not None:
-            return {"node": f"explore: {key_text(key)}", "status": recorded["status"], "reason": recorded.get("reason")}
+            return {"node": f"explore: {key_text(key)}", "status": recorded["status"], "reason": recorded.get("reason"),
+                    "accepted": recorded.get("accepted")}
         for node, entry_op, consumer, producer, entry_status, reason, entry in self.entries:
             if op.startswith("consumer:"):
                 same = entry_status == "consumer-failed" and consumer == op.split(":", 1)[1]
@@ -356,7 +360,8 @@ class KnownFailures:
                     same = _family(kind) == _reason_family(reason) and \
                         _contiguous(consumer, producer) == _contiguous(*_layout_of(mapping))
             if same:
-                return {"node": node, "status": entry_status, "reason": entry.get("reason")}
+                return {"node": node, "status": entry_status, "reason": entry.get("reason"),
+                        "accepted": entry.get("accepted")}
         return None
 
 
@@ -388,19 +393,18 @@ def _layout_of(mapping):
     return (mapping.get("consumers") or ["none"])[0], (mapping.get("producers") or ["none"])[0]
 
 
-def baseline_entries(findings, upstream=None):
+def baseline_entries(findings, upstream=None, upstream_keys=()):
     """The baseline's explore entries that record these findings as known (gate/baseline.py).
-    upstream: the shipped baseline of a fork's upstream version (its `upstream` the pin's name):
-    a finding it does not know is recorded as the fork's own, which stays a new finding until
-    its entry is given an "accepted" reason, as the suite's own entries do."""
+    upstream: the shipped baseline of a fork's upstream version (its `upstream` the pin's name),
+    and upstream_keys the findings' keys that upstream fails the same way
+    (upstream_check.upstream_has): any other finding is recorded as the fork's own, which stays a
+    new finding until its entry is given an "accepted" reason, as the suite's own entries do."""
     from pytest_gradgate.gate.baseline import reason_of
-    theirs = KnownFailures(upstream) if upstream is not None else None
     entries = {}
     for f in findings:
         entry = {"status": f.result["status"], "reason": reason_of(f.result), "case": f.mapping}
-        if theirs is not None:
-            known = theirs.match_finding(f.key, f.result["status"], f.mapping)
-            entry["upstream" if known is not None else "own"] = upstream.upstream
+        if upstream is not None:
+            entry["upstream" if f.key in upstream_keys else "own"] = upstream.upstream
         entries[key_text(f.key)] = entry
     return entries
 

@@ -102,11 +102,19 @@ def _search(config, state):
                                   database=settings["explore_database"] or None, progress=progress,
                                   baseline=state.baseline, declared=state.explore_declared)
     findings_mod.mark_known(found, state.baseline)
+    from pytest_gradgate.explore.upstream_check import confirm_on_upstream
+    # on a fork, a key match is no proof: upstream must fail the very case the same way
+    stats["upstream_checked"] = confirm_on_upstream(found, build.library, state.source, state.build_options(),
+                                                    progress=progress)
     if state.update_baseline and state.baseline is not None:
         # recorded now, written with the suite's entries at the end of the run (report/outputs.py)
         new = [f for f in found if f.known is None]
-        state.baseline.record_explore(findings_mod.baseline_entries(new, getattr(state, "upstream", None)),
-                                      state.source.version)
+        upstream = getattr(state, "upstream", None)
+        theirs = set()
+        if upstream is not None:
+            from pytest_gradgate.explore.upstream_check import upstream_has
+            theirs = upstream_has(new, upstream, build.library, state.source, state.build_options(), progress)
+        state.baseline.record_explore(findings_mod.baseline_entries(new, upstream, theirs), state.source.version)
         for f in new:
             f.known = {"node": f"explore: {findings_mod.key_text(f.key)}", "status": f.result["status"],
                        "reason": "recorded in the new baseline"}
@@ -151,6 +159,8 @@ def finding_text(f):
     body = yaml.safe_dump([f.mapping], sort_keys=False, default_flow_style=None, width=110)
     d = f.to_dict()
     lines = [describe(f)]
+    if f.not_upstream:
+        lines.append(f"the fork's own, though its key is a known failure's: {f.not_upstream}")
     if d["diagnosis"]:
         lines.append(f"diagnosis: {' '.join(d['diagnosis'].split())}")
     lines.append(f"found after {f.found_after_s:.1f} s by the job with seed {f.seed}")
