@@ -42,13 +42,6 @@ def pytest_configure(config):
     config.pluginmanager.register(ResultCollector(state, config), "gradgate-results")
     from pytest_gradgate.report import outputs     # stdlib only: JSON, GitHub annotations
     config.pluginmanager.register(outputs.GateOutputs(state), "gradgate-outputs")
-    if state.settings["html"]:
-        # fail now, not after a long run whose report could then not be drawn
-        from pytest_gradgate.report import html
-        try:
-            html.require_matplotlib()
-        except ImportError as exc:
-            raise pytest.UsageError(str(exc)) from None
     _check_report_paths(config, state)
     if not state.enabled:
         return

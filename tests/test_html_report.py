@@ -14,12 +14,15 @@ import shutil
 import struct
 import subprocess
 import sys
+import zlib
 from html.parser import HTMLParser
 from xml.etree import ElementTree
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from pytest_gradgate.report import heatmap
 from pytest_gradgate.report import html as report_html
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,7 +127,6 @@ def run_gate(workdir, cases, *args, ggml_src=None):
 @pytest.fixture(scope="module")
 def story_report(tmp_path_factory, ggml_variant):
     """The story's report: CONCAT through permute_0213_transpose on the concat-buggy ggml."""
-    pytest.importorskip("matplotlib")
     root, _ = ggml_variant("concat-buggy")
     workdir = tmp_path_factory.mktemp("story")
     proc = run_gate(workdir, STORY, "--gradgate-html=out/report.html", ggml_src=root)
@@ -133,7 +135,6 @@ def story_report(tmp_path_factory, ggml_variant):
 
 
 def test_passes_only(pytester, default_build):
-    pytest.importorskip("matplotlib")
     pytester.makefile(".yaml", gradgate_cases=PASSING)
     result = pytester.runpytest("--gradgate", "--gradgate-no-builtin", "--gradgate-html=report.html",
                                 "gradgate_cases.yaml")
@@ -149,7 +150,6 @@ def test_crash_shows_message_and_stderr(tmp_path, default_build):
     """sqrt's backward through a transpose aborts in ggml 0.15.3 (GGML_ASSERT in binary-ops.cpp).
 
     Run under pytest-xdist: the controller writes the report with every worker's results."""
-    pytest.importorskip("matplotlib")
     proc = run_gate(tmp_path, CRASHING, "--gradgate-html=out/r.html", "-n", "2")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "1 failed, 2 passed" in proc.stdout, proc.stdout
@@ -165,11 +165,14 @@ def test_crash_shows_message_and_stderr(tmp_path, default_build):
     assert report.images == []                 # a crash has no gradients to draw
 
 
-MIXED_CASES = CRASHING + """\
+SILU_THROUGH_TRANSPOSE = """\
+cases:
   - name: silu_through_transpose
     params: {a: [4, 3, 2]}
     graph: silu(a)
     consumers: [transpose]
+"""
+MIXED_CASES = CRASHING + SILU_THROUGH_TRANSPOSE.removeprefix("cases:\n") + """\
   - name: invalid_keyword
     params: {a: [4, 3], b: [4, 2]}
     graph: concat(a, b, axis=1)
@@ -212,7 +215,6 @@ def test_counts_agree_with_pytest_and_run_results_are_not_failures(pytester, def
     invalid check) were missing, a crash was not a failure, and the run() result the test
     asserted on (the test passed) was counted and drawn as a failure. The GitHub step summary's
     head line counted the same way ("4 failed, 4 passed")."""
-    pytest.importorskip("matplotlib")
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "step_summary.md"))
     pytester.makefile(".yaml", gradgate_cases=MIXED_CASES)
@@ -220,8 +222,7 @@ def test_counts_agree_with_pytest_and_run_results_are_not_failures(pytester, def
     # not a gradgate item, though "gradgate" is one of its keywords (its folder's name)
     pytester.mkdir("gradgate")
     (pytester.path / "gradgate" / "test_plain.py").write_text("def test_plain():\n    pass\n")
-    # in a subprocess: drawing in this process would import parts of matplotlib that pytester
-    # then unloads, leaving the rest of this session with two copies of its classes
+    # in a subprocess, as CI runs it
     result = pytester.runpytest_subprocess("--gradgate", "--gradgate-no-builtin", "-p", "no:cacheprovider",
                                            "--gradgate-html=report.html", "--gradgate-json=report.json",
                                            "--junitxml=junit.xml", "gradgate_cases.yaml", "test_fixture_checks.py",
@@ -279,15 +280,19 @@ def test_story_failure_has_heatmaps(story_report):
         assert any(c.startswith(name + " ") for c in report.captions), name
     assert {i["alt"] for i in report.images} == set(slices) | {"a: all slices", "b: all slices"}
     for img in report.images:
+        # measured: slices 618-642 x 151-157 (a, 4 x 3 cells of 30 pixels) and 618-642 x
+        # 121-124 (b), the overviews 646 x 400 and 646 x 373
         width, height = png_size(img["src"])
-        assert 400 <= width <= 2500 and 150 <= height <= 2500, (img["alt"], width, height)
+        assert 400 <= width <= 1500 and 100 <= height <= 1000, (img["alt"], width, height)
     text = story_report.read_text()
     assert text.count("<br>diagnosis: ") == 2                                 # one per failed param
     assert text.count("index [i0, i1, i2, i3]") == 2                           # worst elements, per param
 
 
-def test_without_matplotlib_fails_fast(tmp_path):
-    """Without the extra, --gradgate-html is a usage error naming it, before any build or run.
+def test_the_report_needs_no_matplotlib(tmp_path, default_build):
+    """The pictures are the package's own: with matplotlib unimportable, a run with a failed
+    case writes its report, heatmaps included, and ends as the run does (1: a case failed).
+    Before, this was a usage error asking for the [report] extra.
 
     matplotlib is made unimportable the way a missing package is: a meta-path finder that a
     `-p` plugin installs before pytest configures anything (works whether or not matplotlib
@@ -303,13 +308,19 @@ def test_without_matplotlib_fails_fast(tmp_path):
     check = subprocess.run([sys.executable, "-c", "import no_matplotlib, matplotlib"], env=env,
                            capture_output=True, text=True)
     assert "No module named 'matplotlib'" in check.stderr        # the block is real
+    (tmp_path / "gradgate_cases.yaml").write_text(SILU_THROUGH_TRANSPOSE)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no_matplotlib", "-p", "no:cacheprovider",
-                           "--gradgate", "--gradgate-html=r.html"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
-    assert "pytest-gradgate[report]" in proc.stderr and "--gradgate-html" in proc.stderr
-    assert report_html.MISSING_MATPLOTLIB in proc.stderr
-    assert "collected" not in proc.stdout and not (tmp_path / "r.html").exists()
+                           "--gradgate", "--gradgate-no-builtin", "--gradgate-html=r.html", "gradgate_cases.yaml"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == pytest.ExitCode.TESTS_FAILED, proc.stdout + proc.stderr
+    assert "1 failed" in proc.stdout and "HTML report written to" in proc.stdout, proc.stdout
+    report = parse(tmp_path / "r.html")
+    assert [s["class"] for s in report.sections] == ["case failed"]
+    # a [4, 3, 2] param: its two slices and their overview
+    assert [i["alt"] for i in report.images] == ["a: all slices", "a[:, :, 0, 0]", "a[:, :, 1, 0]"]
+    for img in report.images:
+        width, height = png_size(img["src"])
+        assert width > 200 and height > 100, (img["alt"], width, height)
 
 
 def test_everything_from_a_case_is_escaped():
@@ -344,7 +355,6 @@ def _failed(case_id, values):
 
 def test_pictures_are_capped(monkeypatch):
     """Past MAX_CASES_WITH_PICTURES failed cases, the report keeps the numbers, draws nothing."""
-    pytest.importorskip("matplotlib")
     monkeypatch.setattr(report_html, "MAX_CASES_WITH_PICTURES", 1)
     text = report_html.render([_failed("one", [1.0, 2.0, 3.0]), _failed("two", [1.0, -1.0, 0.5])])
     parser = ReportParser()
@@ -354,15 +364,198 @@ def test_pictures_are_capped(monkeypatch):
     assert text.count('class="worst"') == 2
 
 
+# -- the pictures themselves: decoded here, independently of report/png.py ----------------------
+def decode_png(data):
+    """(RGB array [row, column, channel], chunk types) of a palette PNG with filter 0 rows, after
+    checking the signature, every chunk's CRC and the IHDR fields that report/png.py writes."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, chunks = 8, []
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+        assert crc == zlib.crc32(kind + body), f"bad CRC in {kind}"
+        chunks.append((kind, body))
+        pos += 12 + length
+    kinds = [k for k, _ in chunks]
+    assert kinds[0] == b"IHDR" and kinds[-1] == b"IEND" and b"PLTE" in kinds and b"IDAT" in kinds, kinds
+    width, height, depth, colour_type, compression, filtering, interlace = struct.unpack(">IIBBBBB", chunks[0][1])
+    assert (depth, colour_type, compression, filtering, interlace) == (8, 3, 0, 0, 0)
+    palette = np.frombuffer(dict(chunks)[b"PLTE"], dtype=np.uint8).reshape(-1, 3)
+    raw = np.frombuffer(zlib.decompress(b"".join(b for k, b in chunks if k == b"IDAT")), dtype=np.uint8)
+    rows = raw.reshape(height, width + 1)
+    assert (rows[:, 0] == 0).all()                       # filter type 0 on every row
+    return palette[rows[:, 1:]], kinds
+
+
+def test_png_encoder_round_trips_with_valid_crcs():
+    from pytest_gradgate.report import png
+    pixels = np.array([[0, 1, 2], [2, 1, 0]], dtype=np.uint8)
+    rgb, kinds = decode_png(png.encode_indexed(pixels, [(255, 0, 0), (0, 255, 0), (0, 0, 255)]))
+    assert kinds == [b"IHDR", b"PLTE", b"IDAT", b"IEND"]
+    assert rgb.tolist() == [[[255, 0, 0], [0, 255, 0], [0, 0, 255]], [[0, 0, 255], [0, 255, 0], [255, 0, 0]]]
+    with pytest.raises(ValueError, match="past the palette"):
+        png.encode_indexed(pixels, [(0, 0, 0), (1, 1, 1)])
+
+
+def _cells(picture, rgb, title, i1, i0, block=0):
+    y0, y1, x0, x1 = picture.panels[title].cell(i1, i0, block)
+    return rgb[y0:y1, x0:x1]
+
+
+def _edge(block):
+    """A cell's pixel next to its top-left corner: never covered by its printed value."""
+    return tuple(int(c) for c in block[1, 1])
+
+
+def _map(t):
+    """The colour map's RGB at t in [-1, 1], interpolated here between its anchors."""
+    xs = [a for a, _ in heatmap.ANCHORS]
+    return [float(np.interp(t, xs, [c[k] for _, c in heatmap.ANCHORS])) for k in range(3)]
+
+
+def test_cells_have_the_colour_of_the_map_and_nan_is_grey():
+    analytic = np.array([[2.0, -2.0, 0.0], [1.0, -0.7, np.nan]])
+    numeric = np.array([[2.0, -2.0, 0.0], [1.0, -0.7, 0.5]])
+    picture = heatmap.slice_picture("a", analytic, numeric)
+    rgb, _ = decode_png(picture.png())
+    for (i1, i0), t in {(0, 0): 1.0, (0, 1): -1.0, (0, 2): 0.0, (1, 0): 0.5, (1, 1): -0.35}.items():
+        for title in ("analytic", "numeric"):
+            got = _edge(_cells(picture, rgb, title, i1, i0))
+            assert np.allclose(got, _map(t), atol=2), (title, i1, i0, got, _map(t))
+    assert _edge(_cells(picture, rgb, "analytic", 1, 2)) == (221, 221, 221)          # NaN: light grey
+    assert _edge(_cells(picture, rgb, "numeric", 1, 2)) != (221, 221, 221)
+    assert _edge(_cells(picture, rgb, "analytic - numeric", 1, 2)) == (221, 221, 221)
+    # the ends are saturated enough for the screenshot test's red and blue
+    r, g, b = _edge(_cells(picture, rgb, "analytic", 0, 0))
+    assert r > 150 and g < 110 and b < 110
+    r, g, b = _edge(_cells(picture, rgb, "analytic", 0, 1))
+    assert b > 130 and r < 90 and g < 130
+
+
+def test_analytic_and_numeric_share_one_scale_and_the_difference_has_its_own():
+    """The numeric gradient's largest value is 1, the analytic's 4: a 1 in both is one colour
+    in both panels (a quarter of the way to red), and the difference (at most 0.5) has its own."""
+    analytic = np.array([[4.0, 1.0], [0.0, 0.5]])
+    numeric = np.array([[3.5, 1.0], [0.0, 0.5]])
+    picture = heatmap.slice_picture("a", analytic, numeric)
+    rgb, _ = decode_png(picture.png())
+    one_a = _edge(_cells(picture, rgb, "analytic", 0, 1))
+    one_n = _edge(_cells(picture, rgb, "numeric", 0, 1))
+    assert one_a == one_n and np.allclose(one_a, _map(0.25), atol=2), (one_a, one_n)
+    assert np.allclose(_edge(_cells(picture, rgb, "numeric", 0, 0)), _map(3.5 / 4), atol=2)
+    assert np.allclose(_edge(_cells(picture, rgb, "analytic - numeric", 0, 0)), _map(1.0), atol=2)
+    assert picture.panels["analytic"].limit == picture.panels["numeric"].limit == 4.0
+    assert picture.panels["analytic - numeric"].limit == 0.5
+    # each scale's limits are printed beside its colour bar
+    ink = (rgb == 0).all(axis=2)
+    assert _found(ink, heatmap.text_mask("+4")) == 2 and _found(ink, heatmap.text_mask("-4")) == 2
+    assert _found(ink, heatmap.text_mask("+0.5")) == 1 and _found(ink, heatmap.text_mask("-0.5")) == 1
+
+
+def _found(ink, mask):
+    """How many times `mask` is inked exactly (its blank pixels blank too) in `ink`."""
+    from numpy.lib.stride_tricks import sliding_window_view
+    windows = sliding_window_view(ink, mask.shape)
+    return int((windows == mask).all(axis=(2, 3)).sum())
+
+
+def test_values_are_printed_in_small_slices_only():
+    analytic = np.array([[1.5, -0.25, 0.0], [0.004, 12.5, -3.0]])
+    picture = heatmap.slice_picture("a", analytic, analytic)
+    rgb, _ = decode_png(picture.png())
+    for (i1, i0), text in {(0, 0): "1.50", (0, 1): "-0.25", (0, 2): "0", (1, 0): "4e-3", (1, 1): "12.5",
+                           (1, 2): "-3.00"}.items():
+        for title in ("analytic", "numeric"):
+            block = _cells(picture, rgb, title, i1, i0)
+            background = block[1, 1]
+            text_pixels = (block != background).any(axis=2)
+            assert _found(text_pixels, heatmap.text_mask(text)) == 1, (title, text)
+    # white on strong colours, black on light ones
+    block = _cells(picture, rgb, "analytic", 1, 1)                    # 12.5: the end of the scale
+    assert ((block == 255).all(axis=2)).sum() == heatmap.text_mask("12.5").sum()
+    block = _cells(picture, rgb, "analytic", 0, 1)                    # -0.25: pale
+    assert ((block == 0).all(axis=2)).sum() == heatmap.text_mask("-0.25").sum()
+    # past MAX_ANNOTATED cells, each cell is one colour
+    big = np.arange(heatmap.MAX_ANNOTATED + 1, dtype=float).reshape(1, -1)
+    picture = heatmap.slice_picture("a", big, big)
+    rgb, _ = decode_png(picture.png())
+    for i0 in (0, 50, heatmap.MAX_ANNOTATED):
+        block = _cells(picture, rgb, "analytic", 0, i0)
+        assert (block == block[0, 0]).all()
+
+
+def test_indices_are_printed_beside_small_dimensions():
+    data = np.zeros((3, 12))
+    picture = heatmap.slice_picture("a", data, data)
+    rgb, _ = decode_png(picture.png())
+    ink = (rgb == 0).all(axis=2)
+    panel = picture.panels["numeric"]
+    for i0 in range(12):         # above each column, its index
+        _, _, x0, x1 = panel.cell(0, i0)
+        above = ink[panel.y - heatmap.TEXT_HEIGHT - 4:panel.y - 1, x0:x1]
+        assert _found(above, heatmap.text_mask(str(i0))) == 1, i0
+    for i1 in range(3):          # left of each row, its index
+        y0, y1, _, _ = panel.cell(i1, 0)
+        beside = ink[y0:y1, panel.x - 3 * heatmap.GAP:panel.x - 1]
+        assert _found(beside, heatmap.text_mask(str(i1))) == 1, i1
+    # 64 columns of 4 pixels: no room for their indices
+    wide = np.zeros((40, 64))
+    picture = heatmap.slice_picture("a", wide, wide)
+    rgb, _ = decode_png(picture.png())
+    panel = picture.panels["numeric"]
+    above = (rgb[panel.y - heatmap.TEXT_HEIGHT - 4:panel.y - 1, panel.x:panel.x + 64 * panel.sx] == 0).all(axis=2)
+    assert above.sum() == heatmap.text_mask("i0").sum() and _found(above, heatmap.text_mask("i0")) == 1   # its name only
+
+
+def test_values_at_swapped_positions_differ_between_the_panels_there_only():
+    """A gradient with two values at each other's places: the analytic and numeric panels
+    differ at those two cells and are the same picture elsewhere; the difference is 0 elsewhere."""
+    rng = np.random.default_rng(7)
+    for shape in ((3, 4), (20, 30)):           # with values printed, and without
+        numeric = rng.normal(size=shape)
+        analytic = numeric.copy()
+        analytic[0, 1], analytic[2, 3] = numeric[2, 3], numeric[0, 1]
+        picture = heatmap.slice_picture("a", analytic, numeric)
+        rgb, _ = decode_png(picture.png())
+        zero = tuple(int(round(c)) for c in _map(0.0))
+        for i1 in range(shape[0]):
+            for i0 in range(shape[1]):
+                same = np.array_equal(_cells(picture, rgb, "analytic", i1, i0), _cells(picture, rgb, "numeric", i1, i0))
+                swapped = (i1, i0) in ((0, 1), (2, 3))
+                assert same != swapped, (shape, i1, i0)
+                assert (_edge(_cells(picture, rgb, "analytic - numeric", i1, i0)) == zero) != swapped
+
+
+def test_overview_draws_every_slice_with_grey_gaps():
+    t = heatmap.as_array(np.arange(4 * 3 * 5, dtype=float) - 30, [4, 3, 5])
+    pairs = [(1, 0), (3, 0), (4, 0)]
+    picture = heatmap.overview_picture("a", t, t * 0.5, pairs)
+    rgb, _ = decode_png(picture.png())
+    for title, data, limit in (("analytic", t, 30.0), ("numeric", t * 0.5, 30.0),
+                               ("analytic - numeric", t * 0.5, 15.0)):
+        panel = picture.panels[title]
+        assert panel.limit == limit
+        for block, (i2, i3) in enumerate(pairs):
+            for i1 in range(3):
+                for i0 in range(4):
+                    got = _edge(_cells(picture, rgb, title, i1, i0, block))
+                    assert np.allclose(got, _map(data[i3, i2, i1, i0] / limit), atol=2), (title, block, i1, i0)
+            if block:       # the gap before this block
+                _, _, x0, _ = panel.cell(0, 0, block)
+                _, _, _, x1 = panel.cell(0, 3, block - 1)
+                assert x1 < x0 and (rgb[panel.y, x1:x0] == 221).all()
+
+
 needs_chromium = pytest.mark.skipif(
     not any(shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")),
     reason="no chromium installed (apt-get install chromium); .ci/run does not install it")
 
 
 def _colour_pixels(png):
-    """Pixels of the heatmaps' saturated reds and blues (RdBu ends) in a screenshot."""
-    import numpy as np
-    from PIL import Image    # comes with matplotlib
+    """Pixels of the heatmaps' saturated reds and blues (the colour map's outer quarters, see
+    test_cells_have_the_colour_of_the_map_and_nan_is_grey) in a screenshot."""
+    from PIL import Image    # pillow: the test extra
     image = Image.open(png).convert("RGB")
     rgb = np.asarray(image).astype(int)
     r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
@@ -389,7 +582,9 @@ def test_screenshot_shows_the_heatmaps(story_report, tmp_path):
     subprocess.run([sys.executable, str(SCREENSHOT), str(blank), str(tmp_path / "blank.png"), "--height", "1600"],
                    check=True, capture_output=True, timeout=300)
     _, coloured_blank = _colour_pixels(tmp_path / "blank.png")
-    # measured: 112k heatmap pixels with images, 2.4k without (badges and links)
+    # measured with matplotlib's pictures: 112k heatmap pixels with images, 2.4k without (badges
+    # and links); the pictures of report/heatmap.py have 118k such pixels in the overview and the
+    # five slices of param a, counted in their PNGs (no chromium where they were made)
     assert coloured > 30000 and coloured_blank < coloured / 10, (coloured, coloured_blank)
 
 

@@ -82,7 +82,7 @@ SETTINGS = [
     Setting("explore_out", "write --gradgate-explore's findings as a case file plus JSON beside it"),
     Setting("explore_database", "Hypothesis example database of --gradgate-explore: earlier failures are "
             "replayed first (default: none)"),
-    Setting("html", "write a self-contained HTML report to this path (needs pytest-gradgate[report])"),
+    Setting("html", "write a self-contained HTML report to this path, with heatmaps of each failed gradient"),
 ]
 BY_NAME = {s.name: s for s in SETTINGS}
 # options whose value is a path: written with a space, pytest takes the value for a test path

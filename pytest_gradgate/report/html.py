@@ -12,15 +12,14 @@ under a heading of its own.
 Why pictures: a gradient read from the wrong places has the right values in the wrong cells,
 which a list of numbers hides and a heatmap shows at once (the CONCAT story in DESIGN.md).
 
-matplotlib is an optional extra (pytest-gradgate[report]); `require_matplotlib` lets the
-plugin fail at configure time instead of after a long run. Images are PNG, base64-embedded,
-so the file has no dependencies and survives being downloaded from an artifact store.
-Everything that comes from a case or from ggml is escaped.
+The pictures are drawn with numpy and encoded as PNG by the package itself (report/heatmap.py,
+report/png.py): a few milliseconds each, where matplotlib took 0.1-0.5 s, so the report needs no
+extra. They are base64-embedded, so the file has no dependencies and survives being downloaded
+from an artifact store. Everything that comes from a case or from ggml is escaped.
 """
 
 import base64
 import html
-import io
 import time
 from pathlib import Path
 
@@ -28,32 +27,19 @@ import numpy as np
 
 from pytest_gradgate.atomic_file import write_atomically
 from pytest_gradgate.report.counts import count_text, item_outcomes, returned_to_test, tests_of
+from pytest_gradgate.report.heatmap import (as_array, difference, heatmap_png, limit_text, overview_png, pick_slices,
+                                            slice_name, symmetric_limit)
 from pytest_gradgate.report.text import format_number as _num
-
-EXTRA_HINT = "pip install 'pytest-gradgate[report]'"
-MISSING_MATPLOTLIB = ("--gradgate-html needs matplotlib, which is not installed; install the report extra: "
-                      + EXTRA_HINT + " (or pip install matplotlib)")
 
 # failures first; the order in which groups appear in the table and the sections (xpassed and
 # xfailed: the outcome of an item without a case result, e.g. a fixture test marked xfail)
 STATUS_ORDER = ("failed", "crashed", "timeout", "error", "consumer-failed", "producer-failed", "xpassed",
                 "numeric-unreliable", "inconclusive", "xfailed", "skipped", "passed")
 NOT_PASSED = ("failed", "crashed", "timeout", "error", "consumer-failed", "producer-failed")
-MAX_SLICES = 8          # per parameter: beyond this, the slices with the largest error are shown
-MAX_ANNOTATED = 96      # cells per slice up to which each cell's value is printed in it
-# a broken ggml can fail hundreds of cases; pictures for the first ones keep the report quick
-# to write (~0.1-0.5 s per image) and small, the rest get their numbers only
+# a broken ggml can fail hundreds of cases; pictures for the first ones keep the report small,
+# the rest get their numbers only
 MAX_CASES_WITH_PICTURES = 20
 N_WORST = 10
-
-
-def require_matplotlib():
-    """Raise ImportError(MISSING_MATPLOTLIB) unless matplotlib can be imported."""
-    try:
-        import matplotlib  # noqa: F401
-        from matplotlib.figure import Figure  # noqa: F401
-    except ImportError as exc:
-        raise ImportError(MISSING_MATPLOTLIB) from exc
 
 
 def _e(value):
@@ -69,124 +55,6 @@ def _rank(result):
 
 def _anchor(index):
     return f"case-{index}"
-
-
-# -- gradients as pictures -------------------------------------------------------------------
-def as_array(values, ne):
-    """Logical order, i0 fastest -> numpy array indexed [i3, i2, i1, i0]."""
-    ne = (list(ne) + [1, 1, 1, 1])[:4]
-    return np.asarray(values, dtype=np.float64).reshape(ne[3], ne[2], ne[1], ne[0])
-
-
-def slice_name(param, i2, i3):
-    return f"{param}[:, :, {i2}, {i3}]"
-
-
-def pick_slices(analytic, numeric, limit=MAX_SLICES):
-    """(i2, i3) pairs to draw, in logical order; when there are too many, those with the
-    largest |analytic - numeric| (the interesting ones)."""
-    ne3, ne2 = analytic.shape[0], analytic.shape[1]
-    pairs = [(i2, i3) for i3 in range(ne3) for i2 in range(ne2)]
-    if len(pairs) <= limit:
-        return pairs, len(pairs)
-    err = np.abs(analytic - numeric).max(axis=(2, 3))          # [i3, i2]
-    top = sorted(pairs, key=lambda p: -err[p[1], p[0]])[:limit]
-    return [p for p in pairs if p in top], len(pairs)
-
-
-def _symmetric(*arrays):
-    m = max(float(np.nanmax(np.abs(a))) if np.size(a) else 0.0 for a in arrays)
-    return m if m > 0 and np.isfinite(m) else 1.0
-
-
-def heatmap_png(name, analytic, numeric, vmax=None):
-    """One slice (2-D, [i1, i0]) as a PNG: analytic | numeric | analytic - numeric.
-
-    Analytic and numeric share one colour scale, so a value in the wrong cell shows as the
-    same colour in another place; the difference has its own scale."""
-    from matplotlib.figure import Figure
-
-    diff = analytic - numeric
-    rows, cols = analytic.shape
-    vmax = vmax or _symmetric(analytic, numeric)
-    dmax = _symmetric(diff)
-    # size the panels to the slice: about 0.42 in per cell, within sane bounds
-    panel_w = min(max(cols * 0.42, 2.2), 5.5)
-    panel_h = min(max(rows * 0.42, 1.0), 5.5)
-    fig = Figure(figsize=(3 * panel_w + 1.6, panel_h + 1.0), dpi=110, layout="constrained")
-    axes = fig.subplots(1, 3)
-    aspect = "equal" if max(rows, cols) <= 8 * min(rows, cols) else "auto"
-    annotate = rows * cols <= MAX_ANNOTATED
-    panels = ((analytic, "analytic", vmax), (numeric, "numeric", vmax), (diff, "analytic − numeric", dmax))
-    for ax, (data, title, scale) in zip(axes, panels):
-        im = ax.imshow(np.ma.masked_invalid(data), cmap=_cmap(), vmin=-scale, vmax=scale, aspect=aspect,
-                       interpolation="nearest")
-        ax.set_title(f"{name} {title}", fontsize=9)
-        ax.set_xlabel("i0", fontsize=8)
-        ax.set_ylabel("i1", fontsize=8)
-        ax.tick_params(labelsize=7)
-        if cols <= 32:
-            ax.set_xticks(range(cols))
-        if rows <= 32:
-            ax.set_yticks(range(rows))
-        if annotate:
-            for i1 in range(rows):
-                for i0 in range(cols):
-                    v = data[i1, i0]
-                    ax.text(i0, i1, f"{v:.2f}", ha="center", va="center", fontsize=6.5,
-                            color="white" if abs(v) > 0.6 * scale else "black")
-        if title != "numeric":
-            fig.colorbar(im, ax=ax if title != "analytic" else [axes[0], axes[1]], shrink=0.85, pad=0.02)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
-
-
-def overview_png(name, analytic, numeric, pairs):
-    """All drawn slices side by side, one row each for analytic, numeric and difference.
-
-    A gradient read with the wrong strides shows here as its values sliding from slice to
-    slice (diagonal bands across the blocks) where the numeric one has none."""
-    from matplotlib.figure import Figure
-
-    ne1, ne0 = analytic.shape[2], analytic.shape[3]
-
-    def mosaic(t):
-        blocks = []
-        for k, (i2, i3) in enumerate(pairs):
-            if k:
-                blocks.append(np.full((ne1, 1), np.nan))     # a gap between slices
-            blocks.append(t[i3, i2])
-        return np.concatenate(blocks, axis=1)
-
-    diff = analytic - numeric
-    rows = ((mosaic(analytic), "analytic", _symmetric(analytic, numeric)),
-            (mosaic(numeric), "numeric", _symmetric(analytic, numeric)),
-            (mosaic(diff), "analytic − numeric", _symmetric(diff)))
-    width = rows[0][0].shape[1]
-    fig = Figure(figsize=(min(max(width * 0.28, 5.0), 14.0) + 1.2, 3 * min(max(ne1 * 0.3, 0.8), 3.0) + 1.4),
-                 dpi=110, layout="constrained")
-    axes = fig.subplots(3, 1)
-    centers = [k * (ne0 + 1) + (ne0 - 1) / 2 for k in range(len(pairs))]
-    for ax, (data, title, scale) in zip(axes, rows):
-        cmap = _cmap()
-        im = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, vmin=-scale, vmax=scale,
-                       aspect="auto", interpolation="nearest")
-        ax.set_title(f"{name}: {title}, all slices", fontsize=9)
-        ax.set_xticks(centers)
-        ax.set_xticklabels([f"[:, :, {i2}, {i3}]" for i2, i3 in pairs], fontsize=7)
-        ax.set_ylabel("i1", fontsize=8)
-        ax.tick_params(axis="y", labelsize=7)
-        fig.colorbar(im, ax=ax, pad=0.01, aspect=10)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
-
-
-def _cmap():
-    import matplotlib
-    # diverging around 0; grey for the gaps between slices (and any NaN)
-    return matplotlib.colormaps["RdBu_r"].with_extremes(bad="#dddddd")
 
 
 def _img(png, alt):
@@ -237,20 +105,23 @@ def _param_section(param, draw=True):
                    "pass are drawn</p>")
     elif has_values:
         pairs, total = pick_slices(analytic, numeric)
-        vmax = _symmetric(analytic, numeric)
+        vmax = symmetric_limit(analytic, numeric)
         if len(pairs) < total:
             out.append(f'<p class="note">showing {len(pairs)} of {total} slices: those with the largest '
                        "|analytic &minus; numeric|</p>")
         if len(pairs) > 1:
             label = f"{name}: all slices"
             out.append(f'<figure class="overview">{_img(overview_png(name, analytic, numeric, pairs), label)}'
-                       f"<figcaption>{_e(label)} side by side (rows i1, columns i0 within each slice)"
-                       "</figcaption></figure>")
+                       f"<figcaption>{_e(label)} side by side, each block labelled i2,i3 (rows i1, columns i0 "
+                       "within each slice)</figcaption></figure>")
         for i2, i3 in pairs:
             label = slice_name(name, i2, i3)
-            png = heatmap_png(label, analytic[i3, i2], numeric[i3, i2], vmax=vmax)
+            a, n = analytic[i3, i2], numeric[i3, i2]
+            png = heatmap_png(label, a, n, vmax=vmax)
+            scales = (f"analytic and numeric on one scale &plusmn;{_e(limit_text(vmax))}, "
+                      f"analytic &minus; numeric &plusmn;{_e(limit_text(symmetric_limit(difference(a, n))))}")
             out.append(f'<figure class="slice">{_img(png, label)}<figcaption>{_e(label)} '
-                       "(rows i1, columns i0)</figcaption></figure>")
+                       f"(rows i1, columns i0; {scales})</figcaption></figure>")
     elif not param.get("passed", True) and param.get("nmse") is None:
         out.append('<p class="note">no per-element values (fast mode compares directional derivatives)</p>')
     worst = _worst_rows(param, analytic, numeric)
