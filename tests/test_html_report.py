@@ -280,8 +280,8 @@ def test_story_failure_has_heatmaps(story_report):
         assert any(c.startswith(name + " ") for c in report.captions), name
     assert {i["alt"] for i in report.images} == set(slices) | {"a: all slices", "b: all slices"}
     for img in report.images:
-        # measured: slices 618-642 x 151-157 (a, 4 x 3 cells of 30 pixels) and 618-642 x
-        # 121-124 (b), the overviews 646 x 400 and 646 x 373
+        # measured: slices 510-526 x 174-180 (a, 4 x 3 cells of 30 pixels) and 510-526 x
+        # 143-147 (b), the overviews 593 x 469 and 593 x 397
         width, height = png_size(img["src"])
         assert 400 <= width <= 1500 and 100 <= height <= 1000, (img["alt"], width, height)
     text = story_report.read_text()
@@ -409,7 +409,9 @@ def _edge(block):
 
 
 def _map(t):
-    """The colour map's RGB at t in [-1, 1], interpolated here between its anchors."""
+    """The colour map's RGB at t in [-1, 1] (the nearest of its 2 * HALF + 1 levels),
+    interpolated here between its anchors."""
+    t = np.rint(t * heatmap.HALF) / heatmap.HALF
     xs = [a for a, _ in heatmap.ANCHORS]
     return [float(np.interp(t, xs, [c[k] for _, c in heatmap.ANCHORS])) for k in range(3)]
 
@@ -422,7 +424,7 @@ def test_cells_have_the_colour_of_the_map_and_nan_is_grey():
     for (i1, i0), t in {(0, 0): 1.0, (0, 1): -1.0, (0, 2): 0.0, (1, 0): 0.5, (1, 1): -0.35}.items():
         for title in ("analytic", "numeric"):
             got = _edge(_cells(picture, rgb, title, i1, i0))
-            assert np.allclose(got, _map(t), atol=2), (title, i1, i0, got, _map(t))
+            assert np.allclose(got, _map(t), atol=1), (title, i1, i0, got, _map(t))
     assert _edge(_cells(picture, rgb, "analytic", 1, 2)) == (221, 221, 221)          # NaN: light grey
     assert _edge(_cells(picture, rgb, "numeric", 1, 2)) != (221, 221, 221)
     assert _edge(_cells(picture, rgb, "analytic - numeric", 1, 2)) == (221, 221, 221)
@@ -442,9 +444,9 @@ def test_analytic_and_numeric_share_one_scale_and_the_difference_has_its_own():
     rgb, _ = decode_png(picture.png())
     one_a = _edge(_cells(picture, rgb, "analytic", 0, 1))
     one_n = _edge(_cells(picture, rgb, "numeric", 0, 1))
-    assert one_a == one_n and np.allclose(one_a, _map(0.25), atol=2), (one_a, one_n)
-    assert np.allclose(_edge(_cells(picture, rgb, "numeric", 0, 0)), _map(3.5 / 4), atol=2)
-    assert np.allclose(_edge(_cells(picture, rgb, "analytic - numeric", 0, 0)), _map(1.0), atol=2)
+    assert one_a == one_n and np.allclose(one_a, _map(0.25), atol=1), (one_a, one_n)
+    assert np.allclose(_edge(_cells(picture, rgb, "numeric", 0, 0)), _map(3.5 / 4), atol=1)
+    assert np.allclose(_edge(_cells(picture, rgb, "analytic - numeric", 0, 0)), _map(1.0), atol=1)
     assert picture.panels["analytic"].limit == picture.panels["numeric"].limit == 4.0
     assert picture.panels["analytic - numeric"].limit == 0.5
     # each scale's limits are printed beside its colour bar
@@ -540,7 +542,7 @@ def test_overview_draws_every_slice_with_grey_gaps():
             for i1 in range(3):
                 for i0 in range(4):
                     got = _edge(_cells(picture, rgb, title, i1, i0, block))
-                    assert np.allclose(got, _map(data[i3, i2, i1, i0] / limit), atol=2), (title, block, i1, i0)
+                    assert np.allclose(got, _map(data[i3, i2, i1, i0] / limit), atol=1), (title, block, i1, i0)
             if block:       # the gap before this block
                 _, _, x0, _ = panel.cell(0, 0, block)
                 _, _, _, x1 = panel.cell(0, 3, block - 1)
@@ -583,7 +585,7 @@ def test_screenshot_shows_the_heatmaps(story_report, tmp_path):
                    check=True, capture_output=True, timeout=300)
     _, coloured_blank = _colour_pixels(tmp_path / "blank.png")
     # measured with matplotlib's pictures: 112k heatmap pixels with images, 2.4k without (badges
-    # and links); the pictures of report/heatmap.py have 118k such pixels in the overview and the
+    # and links); the pictures of report/heatmap.py have 115k such pixels in the overview and the
     # five slices of param a, counted in their PNGs (no chromium where they were made)
     assert coloured > 30000 and coloured_blank < coloured / 10, (coloured, coloured_blank)
 

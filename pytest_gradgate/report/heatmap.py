@@ -30,7 +30,9 @@ ANCHORS = ((-1.0, (25, 60, 160)), (-0.5, (100, 150, 215)), (0.0, (246, 246, 246)
            (0.5, (235, 140, 110)), (1.0, (180, 20, 35)))
 WHITE, BLACK, GREY, FRAME = 0, 1, 2, 3           # palette indices of the fixed colours
 FIXED = ((255, 255, 255), (0, 0, 0), (221, 221, 221), (136, 136, 136))
-HALF = 125                                       # levels on each side of 0: 2 * HALF + 1 in all
+# levels on each side of 0, 2 * HALF + 1 in all: steps of 1/32 of the limit are not seen, and a
+# palette of 69 colours rather than 255 makes each PNG about 0.5 KB smaller
+HALF = 32
 FIRST_LEVEL = len(FIXED)                         # palette index of -limit; FIRST_LEVEL + HALF is 0
 
 
@@ -220,7 +222,7 @@ class Picture:
         return encode_indexed(self.pixels, PALETTE)
 
 
-BAR_WIDTH, BAR_MIN_HEIGHT, GAP = 10, 64, 6
+BAR_HEIGHT, BAR_MIN_WIDTH, GAP = 8, 96, 6
 
 
 def _ticks(count, cell, label_size):
@@ -239,8 +241,13 @@ def _paste(canvas, part, x, y):
 
 def _panel(heat, title, limit, rows, cols, sx, sy, x_labels, x_axis, y_ticks=True):
     """One heatmap (its pixels `heat`, rows x cols cells of sx x sy) with its title, the axis
-    names and indices, a frame, and its colour bar with +limit, 0, -limit beside it.
-    x_labels: [(pixel centre within heat, text)] printed above the heat. Returns (canvas, Panel)."""
+    names and indices, a frame, and under it its colour bar, -limit to +limit left to right,
+    with -limit, 0 and +limit printed under the bar's ends and middle.
+    x_labels: [(pixel centre within heat, text)] printed above the heat. Returns (canvas, Panel).
+
+    The bar lies under the heatmap, not beside it: each of its pixel columns is one colour, so
+    its rows repeat and cost the PNG almost nothing (a bar beside the heatmap made every row of
+    the picture a new one, and the file twice as large)."""
     hh, hw = heat.shape
     y_labels = [(i * sy + sy // 2, str(i)) for i in _ticks(rows, sy, TEXT_HEIGHT)] if y_ticks else []
     tick_w = max((text_width(t) for _, t in y_labels), default=0)
@@ -249,12 +256,11 @@ def _panel(heat, title, limit, rows, cols, sx, sy, x_labels, x_axis, y_ticks=Tru
     axis_h = TEXT_HEIGHT + 3
     ticks_h = TEXT_HEIGHT + 3 if x_labels else 0
     top = title_h + axis_h + ticks_h + 1                       # + 1: the frame
-    bar_h = max(hh, BAR_MIN_HEIGHT)
-    limits = ("+" + limit_text(limit), "0", "-" + limit_text(limit))
-    bar_x = left + hw + 1 + 2 * GAP
-    width = max(bar_x + BAR_WIDTH + 4 + max(text_width(t) for t in limits) + 2, text_width(title, 2) + 2,
-                left + text_width(x_axis) + 2)
-    height = top + max(hh + 1, bar_h) + 3
+    limits = ("-" + limit_text(limit), "0", "+" + limit_text(limit))
+    bar_w = max(hw, sum(text_width(t) for t in limits) + 4 * GAP, BAR_MIN_WIDTH)
+    bar_y = top + hh + 1 + GAP
+    width = max(left + bar_w + 2, text_width(title, 2) + 2, left + text_width(x_axis) + 2)
+    height = bar_y + BAR_HEIGHT + 3 + TEXT_HEIGHT + 2
     canvas = np.full((height, width), WHITE, dtype=np.uint8)
     draw_text(canvas, 0, 0, title, BLACK, 2)
     draw_text(canvas, left + max((hw - text_width(x_axis)) // 2, 0), title_h, x_axis)
@@ -265,15 +271,13 @@ def _panel(heat, title, limit, rows, cols, sx, sy, x_labels, x_axis, y_ticks=Tru
         draw_text(canvas, left - GAP - text_width(text), top + centre - TEXT_HEIGHT // 2, text)
     canvas[top - 1:top + hh + 1, left - 1:left + hw + 1] = FRAME
     _paste(canvas, heat, left, top)
-    # the colour bar: +limit at the top, -limit at the bottom
-    t = 1.0 - 2.0 * np.arange(bar_h) / max(bar_h - 1, 1)
-    bar = levels(t, 1.0)[:, None].repeat(BAR_WIDTH, axis=1)
-    canvas[top - 1:top + bar_h + 1, bar_x - 1:bar_x + BAR_WIDTH + 1] = FRAME
-    _paste(canvas, bar, bar_x, top)
-    lx = bar_x + BAR_WIDTH + 4
-    draw_text(canvas, lx, top, limits[0])
-    draw_text(canvas, lx, top + bar_h // 2 - TEXT_HEIGHT // 2, limits[1])
-    draw_text(canvas, lx, top + bar_h - TEXT_HEIGHT, limits[2])
+    t = 2.0 * np.arange(bar_w) / max(bar_w - 1, 1) - 1.0
+    canvas[bar_y - 1:bar_y + BAR_HEIGHT + 1, left - 1:left + bar_w + 1] = FRAME
+    _paste(canvas, levels(t, 1.0)[None, :].repeat(BAR_HEIGHT, axis=0), left, bar_y)
+    ly = bar_y + BAR_HEIGHT + 3
+    draw_text(canvas, left, ly, limits[0])
+    draw_text(canvas, left + bar_w // 2 - text_width(limits[1]) // 2, ly, limits[1])
+    draw_text(canvas, left + bar_w - text_width(limits[2]), ly, limits[2])
     return canvas, Panel(title, left, top, sx, sy, rows, cols, limit)
 
 
