@@ -191,9 +191,16 @@ def test_a_forks_first_run_says_once_how_to_record_its_baseline(pytester, tmp_pa
     proc = _explore(tmp_path, "--ggml-src", str(uncaught), "--ops", "clamp", "--budget", "2s")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "baseline: upstream ggml-0.15.3's known failures" in proc.stderr
-    assert "known finding(s) on upstream ggml-0.15.3 too" in proc.stderr
+    assert "finding(s) on upstream ggml-0.15.3 too" in proc.stderr
     assert f"{CLAMP_KEY}  [known: explore: {CLAMP_KEY}]" in proc.stdout and "[NEW]" not in proc.stdout
     assert "is not a pinned source" not in proc.stdout
+    # recorded into a baseline of the fork's own: upstream's, since its case fails the same way there
+    mine = tmp_path / "explore-baseline.json"
+    recorded = _explore(tmp_path, "--ggml-src", str(uncaught), "--ops", "clamp", "--budget", "2s", "--baseline",
+                        str(mine), "--update-baseline")
+    assert recorded.returncode == 0, recorded.stdout + recorded.stderr
+    entry = Baseline.load(mine).explore[CLAMP_KEY]
+    assert entry.get("upstream") == "ggml-0.15.3" and "own" not in entry, entry
 
 
 def _found_on(library, mapping):
@@ -237,3 +244,13 @@ def test_a_new_bug_under_a_known_key_is_the_forks_own(ggml_variant, default_buil
     assert new_bug.known is None, new_bug.known
     assert new_bug.not_upstream.startswith("upstream ggml-0.15.3 gives other gradients on this case"), new_bug.not_upstream
     assert " here" in new_bug.not_upstream and "there (numeric" in new_bug.not_upstream
+    # a finding no entry knows: upstream's when upstream fails its case the same way (known by the
+    # run), the fork's own otherwise, with the difference said either way
+    unrecorded = [_found_on(ggml_variant(name)[1].library, recorded) for name in (UNCAUGHT, "pool-max-negative")]
+    assert [f.known for f in unrecorded] == [None, None]
+    for f, name in zip(unrecorded, (UNCAUGHT, "pool-max-negative")):
+        confirm([f], ggml_variant(name)[1].library, upstream, "ggml-0.15.3")
+    upstreams, own = unrecorded
+    assert upstreams.known["node"] == "upstream ggml-0.15.3 (its case fails there the same way)"
+    assert upstreams.known["upstream"] == "ggml-0.15.3" and upstreams.not_upstream is None
+    assert own.known is None and own.not_upstream.startswith("upstream ggml-0.15.3 gives other gradients")

@@ -124,12 +124,10 @@ def run(args):
     new = [f for f in found if f.known is None]
     if args.update_baseline:
         from pytest_gradgate.gate.baseline import upstream_baseline
-        # on a fork, what upstream's shipped baseline lacks is recorded as the fork's own: red
+        from pytest_gradgate.explore.upstream_check import to_record
+        # on a fork, what upstream does not fail the same way is recorded as the fork's own: red
         # on later searches until its entry is given an "accepted" reason (docs/fork.md)
-        from pytest_gradgate.explore.upstream_check import upstream_has
-        upstream = upstream_baseline(source)
-        theirs = upstream_has(new, upstream, library, source, BuildOptions(), _progress) if upstream else set()
-        entries = findings_mod.baseline_entries(new, upstream, theirs)
+        entries = findings_mod.baseline_entries(*to_record(found), upstream_baseline(source))
         counted = []
 
         def change(current):      # the file as other runs left it, plus this run's findings
@@ -224,7 +222,7 @@ def summary_text(found, stats, args=None):
         mark = f"  [known: {f.known['node']}]" if f.known else "  [NEW]"
         lines.append(f"{i}. {key_text(f.key)}{mark}")
         if f.not_upstream:
-            lines.append(f"   the fork's own, though its key is a known failure's: {f.not_upstream}")
+            lines.append(f"   the fork's own: {f.not_upstream}")
         message = " ".join((f.result.get("message") or "").split())
         if message:
             lines.append(f"   {message}")

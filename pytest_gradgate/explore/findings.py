@@ -393,11 +393,11 @@ def _layout_of(mapping):
     return (mapping.get("consumers") or ["none"])[0], (mapping.get("producers") or ["none"])[0]
 
 
-def baseline_entries(findings, upstream=None, upstream_keys=()):
+def baseline_entries(findings, upstream_keys=(), upstream=None):
     """The baseline's explore entries that record these findings as known (gate/baseline.py).
     upstream: the shipped baseline of a fork's upstream version (its `upstream` the pin's name),
-    and upstream_keys the findings' keys that upstream fails the same way
-    (upstream_check.upstream_has): any other finding is recorded as the fork's own, which stays a
+    and upstream_keys the keys of the findings whose cases upstream fails the same way
+    (upstream_check.to_record): any other finding is recorded as the fork's own, which stays a
     new finding until its entry is given an "accepted" reason, as the suite's own entries do."""
     from pytest_gradgate.gate.baseline import reason_of
     entries = {}

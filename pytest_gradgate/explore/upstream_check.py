@@ -8,13 +8,16 @@ values are all negative, found by explore and marked known because upstream's ma
 (finite differences across the max's kink: values disagree) has the key `pool_2d misread
 contiguous` too.
 
-So on a fork whose upstream is a pinned source, each finding known from an entry that is not the
-fork's own accepted one is run again, the same case, on the pinned upstream tree and on the tree
-under test. It stays known only if upstream fails that very case the same way: the same status,
-the same params failing, and the same analytic gradients element by element (a wrong gradient),
-or the same ggml message without its line numbers (a death). Otherwise it is the fork's own, and
-what differs is said: "upstream ggml-0.15.3 gives a[4, 0, 1, 0] = -0.6555 (numeric -0.6555), this
-tree 0".
+So on a fork whose upstream is a pinned source, each finding's case is run again on the pinned
+upstream tree and on the tree under test (but for a finding known from the fork's own entry that
+the user accepted). A finding known by its key stays known only if upstream fails that very case
+the same way: the same status, the same params failing, and the same analytic gradients element
+by element (a wrong gradient), or the same ggml message without its line numbers (a death).
+Otherwise it is the fork's own, and what differs is said ("upstream ggml-0.15.3 gives other
+gradients on this case (1 of 64 elements of a): a[2, 1, 0, 0] = -0.6555 there (numeric -0.6555),
+0 here"). And a finding that no entry knows but that upstream fails the same way is upstream's,
+known by that run: the shipped baselines hold what the suite and a few searches met, not every
+upstream bug, and a fork's nightly search must not be red on upstream's.
 """
 
 import numpy as np
@@ -33,16 +36,19 @@ def applies(entry):
 
 
 def confirm(found, library, upstream_library, upstream_name, timeout=10.0, progress=None):
-    """Re-run each known finding (see applies) on both builds; a finding that upstream does not
-    fail the same way loses its `known` and gets `not_upstream`, the difference in words.
-    -> how many were checked."""
+    """Run each finding's case on both builds and compare (differs()):
+    - a finding that upstream does not fail the same way gets `not_upstream`, the difference in
+      words, and loses its `known` if an entry that applies() gave it one;
+    - a finding no entry knows that upstream fails the same way is upstream's: known, by the run
+      (the shipped baselines record what the suite and ten searches met, not every upstream bug).
+    -> how many were run."""
     from pytest_gradgate.explore import space
     from pytest_gradgate.isolation.parent import Runner
-    checked = [f for f in found if applies(f.known)]
+    checked = [f for f in found if f.known is None or applies(f.known)]
     if not checked:
         return 0
     if progress:
-        progress(f"running each of {len(checked)} known finding(s) on upstream {upstream_name} too")
+        progress(f"running the case of each of {len(checked)} finding(s) on upstream {upstream_name} too")
     ours = Runner(library, isolate="case", timeout=timeout)
     theirs = Runner(upstream_library, isolate="case", timeout=timeout)
     try:
@@ -50,8 +56,10 @@ def confirm(found, library, upstream_library, upstream_name, timeout=10.0, progr
             (case,) = space.to_cases(f.mapping)
             difference = differs(ours.run(case), theirs.run(case), upstream_name)
             if difference:
-                f.not_upstream = difference
-                f.known = None
+                f.not_upstream, f.known = difference, None
+            elif f.known is None:
+                f.known = {"node": f"upstream {upstream_name} (its case fails there the same way)",
+                           "status": f.result["status"], "reason": f.result.get("message"), "upstream": upstream_name}
     finally:
         ours.close()
         theirs.close()
@@ -120,7 +128,7 @@ def confirm_on_upstream(found, library, source, build_options, progress=None, re
     """confirm() against the pinned upstream of a fork (fetched and built, both cached, on first
     use); nothing to do on a tree that is no fork of a pinned version. -> how many were checked."""
     pin = upstream_pin(source)
-    if pin is None or not any(applies(f.known) for f in found):
+    if pin is None or not any(f.known is None or applies(f.known) for f in found):
         return 0
     from pytest_gradgate.library.cmake import ensure_build
     from pytest_gradgate.library.source import pinned_ggml_root
@@ -133,12 +141,9 @@ def confirm_on_upstream(found, library, source, build_options, progress=None, re
     return checked
 
 
-def upstream_has(findings, upstream, library, source, build_options, progress=None):
-    """The keys of the findings that upstream's known failures hold (`upstream`: its shipped
-    baseline) and that upstream fails the same way when their cases are run on it: what a fork's
-    recording marks as upstream's, the rest being the fork's own."""
-    import copy
-    from pytest_gradgate.explore.findings import mark_known
-    probes = mark_known([copy.copy(f) for f in findings], upstream)
-    confirm_on_upstream(probes, library, source, build_options, progress=progress, recheck=False)
-    return {p.key for p in probes if p.known is not None}
+def to_record(found):
+    """(the findings a recording writes, the keys of those that are upstream's): the new ones, and
+    those known only because their cases failed the same way on upstream (confirm()), which a
+    fork's baseline records as upstream's."""
+    by_run = [f for f in found if f.known is not None and f.known.get("upstream")]
+    return [f for f in found if f.known is None] + by_run, {f.key for f in by_run}

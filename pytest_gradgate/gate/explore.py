@@ -108,14 +108,11 @@ def _search(config, state):
                                                     progress=progress)
     if state.update_baseline and state.baseline is not None:
         # recorded now, written with the suite's entries at the end of the run (report/outputs.py)
-        new = [f for f in found if f.known is None]
-        upstream = getattr(state, "upstream", None)
-        theirs = set()
-        if upstream is not None:
-            from pytest_gradgate.explore.upstream_check import upstream_has
-            theirs = upstream_has(new, upstream, build.library, state.source, state.build_options(), progress)
-        state.baseline.record_explore(findings_mod.baseline_entries(new, upstream, theirs), state.source.version)
-        for f in new:
+        from pytest_gradgate.explore.upstream_check import to_record
+        recorded, theirs = to_record(found)
+        state.baseline.record_explore(findings_mod.baseline_entries(recorded, theirs, getattr(state, "upstream", None)),
+                                      state.source.version)
+        for f in recorded:
             f.known = {"node": f"explore: {findings_mod.key_text(f.key)}", "status": f.result["status"],
                        "reason": "recorded in the new baseline"}
     if settings["explore_out"]:
@@ -160,7 +157,7 @@ def finding_text(f):
     d = f.to_dict()
     lines = [describe(f)]
     if f.not_upstream:
-        lines.append(f"the fork's own, though its key is a known failure's: {f.not_upstream}")
+        lines.append(f"the fork's own: {f.not_upstream}")
     if d["diagnosis"]:
         lines.append(f"diagnosis: {' '.join(d['diagnosis'].split())}")
     lines.append(f"found after {f.found_after_s:.1f} s by the job with seed {f.seed}")
