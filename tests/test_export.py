@@ -1,15 +1,17 @@
 """`gradgate export NODE_ID --format test-backend-ops`: a gate item as a test_case of ggml's own
-harness. The exported CONCAT story case, pasted into a copy of the default ggml's
-tests/test-backend-ops.cpp at the anchors the export names and built there, is run by
-test-backend-ops itself: it FAILs with the buggy CONCAT backward and passes with the fixed one."""
+harness. With --run the command pastes the exported CONCAT story case into the tree's own
+tests/test-backend-ops.cpp (here a copy of the default ggml laid out as llama.cpp lays it out),
+builds it and runs it, with the fix and with the fix reverted: test-backend-ops itself passes it
+with the fixed CONCAT backward and FAILs it with the buggy one."""
 
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from ggml_variants import insert_before, make_variant, replace_once
-from pytest_gradgate.export.test_backend_ops import REGISTER_ANCHOR, REGISTER_MARK, STRUCT_ANCHOR
+from ggml_variants import make_variant
+from pytest_gradgate.export.test_backend_ops import REGISTER_MARK
 
 STORY = "pytest_gradgate/cases.yaml::concat_dim1[{}-sqr-cpu]"
 # the story's consumer, and the contiguous one: with it the buggy backward passes (the bug needs a
@@ -47,50 +49,79 @@ def test_a_node_id_that_cannot_be_exported_is_one_usage_error(node_id, words):
     assert words in done.stderr, done.stderr
 
 
-def pasted(tree, node_ids):
-    """Every node id's export put into tree's test-backend-ops.cpp at the anchors it names."""
-    source = tree / "tests" / "test-backend-ops.cpp"
-    for node_id in node_ids:
-        done = export(node_id)
-        assert done.returncode == 0, done.stderr
-        struct, register = done.stdout.split(REGISTER_MARK + "\n")
-        insert_before(source, STRUCT_ANCHOR, struct + "\n")
-        replace_once(source, REGISTER_ANCHOR, REGISTER_ANCHOR + register)
+def llama_layout(default_ggml, dest, variant):
+    """A patched copy of the default ggml laid out as a llama.cpp checkout: DEST/ggml the ggml tree,
+    DEST/tests/test-backend-ops.cpp the harness (llama.cpp keeps it at its root, not in ggml/)."""
+    tree = make_variant(default_ggml, dest / "ggml", variant)
+    (dest / "tests").mkdir()
+    shutil.move(tree / "tests" / "test-backend-ops.cpp", dest / "tests" / "test-backend-ops.cpp")
     return tree
 
 
 @pytest.fixture(scope="module")
-def harness_on(tmp_path_factory, default_ggml):
-    """variant -> {consumer: status of our exported case in `test-backend-ops grad -o CONCAT -b CPU`}."""
-    reference = pytest.importorskip("reference")     # bench/reference.py: builds test-backend-ops
-    runs = {}
+def harness_run(tmp_path_factory, default_ggml):
+    """`gradgate export STORY NONE --format test-backend-ops --run --revert FIX` on the fixed CONCAT in
+    a llama.cpp layout, FIX the fix as `git format-patch` at a llama.cpp root writes it (a/ggml/...)."""
+    base = tmp_path_factory.mktemp("export-run")
+    fixed = llama_layout(default_ggml, base / "llama.cpp", "concat-fixed")
+    buggy = make_variant(default_ggml, base / "buggy" / "ggml", "concat-buggy")
+    diff = subprocess.run(["diff", "-u", "--label", "a/ggml/src/ggml.c", "--label", "b/ggml/src/ggml.c",
+                           str(buggy / "src" / "ggml.c"), str(fixed / "src" / "ggml.c")],
+                          stdout=subprocess.PIPE, text=True)
+    assert diff.returncode == 1 and "+++ b/ggml/src/ggml.c" in diff.stdout
+    (base / "fix.patch").write_text(diff.stdout)
+    return subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "export", *EXPORTED.values(), "--format",
+                           "test-backend-ops", "--run", "--ggml-src", str(fixed), "--revert", str(base / "fix.patch")],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=1200)
 
-    def run(variant):
-        if variant not in runs:
-            tree = make_variant(default_ggml, tmp_path_factory.mktemp(variant) / "ggml", variant)
-            build = reference.ensure_reference(pasted(tree, EXPORTED.values()))
-            done = reference.run_grad(build.binary, "CONCAT")
-            ours = {c.vars: c for c in done.cases if c.vars.startswith("gradgate=")}
-            runs[variant] = {consumer: ours[f"gradgate={node_id.split('::')[1]}"]
-                             for consumer, node_id in EXPORTED.items()}
-        return runs[variant]
-    return run
+
+def verdicts_of(stdout):
+    """{case id: (with the change, without it)} from the command's table."""
+    out, case_id = {}, None
+    for line in stdout.splitlines():
+        if line.startswith("concat") and line.endswith(":"):
+            case_id = line[:-1]
+        elif line.startswith("  with the change:"):
+            on = line.split(":", 1)[1].strip()
+        elif line.startswith("  without the change:"):
+            out[case_id] = (on, line.split(":", 1)[1].strip())
+    return out
 
 
 @pytest.mark.slow
-def test_test_backend_ops_fails_the_exported_case_on_the_buggy_concat(harness_on):
-    """The bug is in the tree (the concat-buggy variant): ggml's harness must say FAIL. Seen failing
-    with the export's SQR taken out (the harness's SUM alone): test-backend-ops then says OK on the
-    buggy tree (MAA 1.9e-6); and with the harness's own initialize_tensors kept, it aborted in the
-    exported case ("tensor write out of bounds") instead of comparing."""
-    story = harness_on("concat-buggy")["permute_0213_transpose"]
-    assert story.status == "fail", (story.status, story.detail, story.maa)
-    assert max(story.maa.values()) > 1e-2
-    # through the contiguous consumer the same bug is invisible: the chain is what catches it
-    assert harness_on("concat-buggy")["none"].status == "ok"
+def test_test_backend_ops_fails_the_exported_case_without_the_fix(harness_run):
+    """The reviewer's "confirm it fails with the hunk reverted", in upstream's own harness, on a
+    llama.cpp layout (the harness at the root, the fix made at the root): the story's case passes
+    with the fix and FAILs without it, so it gates the fix. Through consumer none the same bug is
+    invisible: that case passes both ways and does not gate, which is why the chain is exported
+    (exit 1: not every case gates). Seen failing with the export's SQR taken out (the harness's
+    SUM alone): test-backend-ops then says OK on the buggy tree (MAA 1.9e-6); and with the
+    harness's own initialize_tensors kept, it aborted in the exported case ("tensor write out of
+    bounds") instead of comparing."""
+    proc = harness_run
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    said = verdicts_of(proc.stdout)
+    story, plain = (f"concat_dim1[{c}-sqr-cpu]" for c in EXPORTED)
+    assert said[story][0] == "OK", said
+    assert said[story][1].startswith("FAIL ([CONCAT] MAA = "), said
+    assert float(said[story][1].split("MAA = ")[1].split()[0]) > 1e-2
+    assert said[plain] == ("OK", "OK"), said
+    assert "1 of 2 case(s) gate patch" in proc.stdout
+    assert "tests/test-backend-ops.cpp" in proc.stderr and "reverted in" in proc.stderr
 
 
-@pytest.mark.slow
-def test_test_backend_ops_passes_the_exported_case_on_the_fixed_concat(harness_on):
-    for consumer, ref in harness_on("concat-fixed").items():
-        assert ref.status == "ok", (consumer, ref.status, ref.detail, ref.maa)
+def test_run_options_need_run_and_a_tree_with_the_harness(tmp_path, default_ggml):
+    """--revert without --run, and a tree without tests/test-backend-ops.cpp (here or above), are
+    usage errors (exit 2) that say what to do, before anything is built."""
+    alone = subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "export", EXPORTED["none"], "--format",
+                            "test-backend-ops", "--revert", "HEAD"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    assert alone.returncode == 2 and "--revert goes with --run" in alone.stderr, alone.stderr
+    from pytest_gradgate.library.source import copy_tree
+    bare = copy_tree(default_ggml, tmp_path / "x" / "ggml")
+    shutil.rmtree(bare / "tests", ignore_errors=True)
+    proc = subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "export", EXPORTED["none"], "--format",
+                           "test-backend-ops", "--run", "--ggml-src", str(bare)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no tests/test-backend-ops.cpp in it or in the llama.cpp checkout above it" in proc.stderr

@@ -5,7 +5,14 @@
         --format test-backend-ops
 
 NODE_ID is the item's pytest node id, as `pytest --gradgate` prints it: a case file (a path, or
-pytest_gradgate/<file> for the built-in suite), `::`, the case's name and [variant].
+pytest_gradgate/<file> for the built-in suite), `::`, the case's name and [variant]. Several may
+be given.
+
+With --run, the cases are not printed but run in the harness itself (export/harness.py): built
+into the tree's own test-backend-ops (--ggml-src: a ggml or llama.cpp tree), and with --revert
+REF|PATCH also with that change reverted, the reviewer's "confirm it fails without the fix".
+Exit 0 when every case passes (with --revert: fails without the change and passes with it), 1
+when not, 2 on bad input.
 """
 
 import dataclasses
@@ -17,9 +24,20 @@ FORMATS = ("test-backend-ops",)
 
 
 def add_arguments(p):
-    p.add_argument("node_id", metavar="NODE_ID",
+    p.add_argument("node_ids", nargs="+", metavar="NODE_ID",
                    help="a gate item's node id, e.g. 'pytest_gradgate/cases.yaml::concat_dim1[transpose-sqr-cpu]'")
     p.add_argument("--format", choices=FORMATS, required=True, help="what to print: test-backend-ops (C++)")
+    p.add_argument("--run", action="store_true", dest="in_harness",
+                   help="build the tree's own test-backend-ops with the case(s) and run them there instead of printing")
+    p.add_argument("--ggml-src", metavar="PATH",
+                   help="with --run: the ggml or llama.cpp tree to build the harness from (default: as pytest "
+                        "--gradgate resolves it)")
+    p.add_argument("--revert", metavar="REF|PATCH",
+                   help="with --run: also run the cases with this change (a commit of the tree's repository, or a "
+                        "unified diff) reverted: a case gates it when it fails without the change and passes with it")
+    p.add_argument("--workdir", metavar="DIR",
+                   help="with --run: build in DIR/gradgate-export and keep it (a later run rebuilds only what "
+                        "changed; default: a temporary folder, removed afterwards)")
 
 
 def case_file(path_part):
@@ -62,5 +80,84 @@ def find_case(node_id):
 
 def run(args):
     from pytest_gradgate.export import test_backend_ops
-    print(test_backend_ops.text(find_case(args.node_id)), end="")
-    return 0
+    cases = [find_case(node_id) for node_id in args.node_ids]
+    exports = [test_backend_ops.text(case) for case in cases]      # refused cases stop here, before a build
+    if not args.in_harness:
+        for flag in ("ggml_src", "revert", "workdir"):
+            if getattr(args, flag):
+                raise UsageError(f"--{flag.replace('_', '-')} goes with --run (it says which tree to run the cases in)")
+        print("\n".join(exports), end="")
+        return 0
+    return run_in_harness(args, cases, exports)
+
+
+OWN_FOLDER, OWN_MARK = "gradgate-export", ".made-by-gradgate-export"
+
+
+def run_in_harness(args, cases, exports):
+    import shutil
+    import sys
+    import tempfile
+    from pytest_gradgate.cli import verify
+    from pytest_gradgate.errors import SourceError
+    from pytest_gradgate.export import harness
+    from pytest_gradgate.export.test_backend_ops import op_desc_of
+    from pytest_gradgate.library.source import resolve_source
+    try:
+        source = resolve_source(args.ggml_src, option_name="--ggml-src")
+        root = source.root
+    except SourceError as exc:
+        raise UsageError(str(exc)) from None
+    harness.harness_source(root)           # bad input is said before anything is written
+    change = verify.read_change(args.revert, root) if args.revert else None
+
+    def progress(text):
+        print(f"gradgate export: {text}", file=sys.stderr, flush=True)
+    if args.workdir:
+        work = Path(args.workdir).resolve() / OWN_FOLDER
+        if work.exists() and not (work / OWN_MARK).is_file():
+            raise UsageError(f"--workdir {args.workdir}: {work} exists and was not made by gradgate export; it is "
+                             "left as it is: give another --workdir, or move that folder away")
+        work.mkdir(parents=True, exist_ok=True)
+        (work / OWN_MARK).touch()
+    else:
+        work = Path(tempfile.mkdtemp(prefix="gradgate-export-"))
+    ops = [op_desc_of(case) for case in cases]
+    ids = [case.id for case in cases]
+    try:
+        tree = work / "harness"
+        copy = harness.prepare(root, exports, tree)
+        progress(f"test-backend-ops from {harness.harness_source(root)}, ggml {source.version} from {source.label}, "
+                 f"with {len(cases)} exported case(s); building in {tree}")
+        with_change, seconds = harness.run(harness.build(tree, progress), ops, ids)
+        progress(f"ran test-backend-ops grad -o {' -o '.join(dict.fromkeys(ops))} in {seconds:.1f} s")
+        without = None
+        if change is not None:
+            patch_text, what = change
+            verify.revert_in(copy, root, patch_text, what)
+            progress(f"{what} reverted in {copy}; building again")
+            without, seconds = harness.run(harness.build(tree, progress), ops, ids)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    return report(ids, with_change, without, change[1] if change else None)
+
+
+def report(ids, with_change, without, what):
+    """Print each case's verdict(s); -> the exit code."""
+    if without is None:
+        for case_id in ids:
+            print(f"{case_id}: {with_change[case_id].text()}")
+        failing = [i for i in ids if with_change[i].status != "ok"]
+        print(f"\ngradgate export: {len(ids) - len(failing)} of {len(ids)} case(s) pass in test-backend-ops")
+        return 1 if failing else 0
+    gate = []
+    for case_id in ids:
+        on, off = with_change[case_id], without[case_id]
+        gates = on.status == "ok" and off.status in ("fail", "died")
+        gate.append(gates)
+        print(f"{case_id}:\n  with the change:    {on.text()}\n  without the change: {off.text()}\n"
+              f"  {'gates the change' if gates else 'does NOT gate the change'}")
+    print(f"\ngradgate export: {sum(gate)} of {len(ids)} case(s) gate {what} in test-backend-ops (a case gates it "
+          "when it fails without the change and passes with it)")
+    return 0 if all(gate) else 1

@@ -83,6 +83,13 @@ def diff_of_commit(ref, ggml_root):
     return diff.stdout, f"commit {commit[:12]}"
 
 
+def read_change(revert, ggml_root):
+    """--revert REF|PATCH as (a patch relative to the ggml root, what it is in words)."""
+    if Path(revert).is_file():
+        return ggml_relative(Path(revert).read_text(), ggml_root), f"patch {revert}"
+    return diff_of_commit(revert, ggml_root)
+
+
 def touched_paths(patch_text):
     """Paths (relative to the ggml root, -p1) that a unified diff touches."""
     paths = set()
@@ -144,6 +151,13 @@ def reverted_copy(ggml_root, patch_text, dest, what):
     """A copy of the ggml tree (what a build needs, plus every file the patch touches) with
     the patch applied in reverse."""
     copy_tree(ggml_root, dest)
+    return revert_in(dest, ggml_root, patch_text, what)
+
+
+def revert_in(dest, ggml_root, patch_text, what):
+    """Apply the patch in reverse to dest, a copy of ggml_root (the files it touches that the copy
+    lacks are copied first); VerifyError, naming the tools' words, if it does not apply."""
+    dest = Path(dest)
     for rel in touched_paths(patch_text):
         src = Path(ggml_root) / rel
         if src.is_file() and not (dest / rel).exists():
@@ -267,10 +281,7 @@ def verify(args):
         if not Path(f).is_file():
             raise VerifyError(f"--cases {f}: not a file")
     # the change is read before anything is written: bad input leaves no trace
-    if Path(args.revert).is_file():
-        patch_text, what = ggml_relative(Path(args.revert).read_text(), root), f"patch {args.revert}"
-    else:
-        patch_text, what = diff_of_commit(args.revert, root)
+    patch_text, what = read_change(args.revert, root)
     keep = args.workdir is not None
     if keep:
         workdir = own_folder(args.workdir)

@@ -175,6 +175,12 @@ def _op_desc(spec):
     return m.group(1) if m else spec.ggml_op
 
 
+def op_desc_of(case):
+    """What `test-backend-ops grad -o` selects the exported case by (its op_desc)."""
+    lines = parse_graph(case.graph)
+    return _op_desc(bind(lines[-1].expr, lambda n: n)[0])
+
+
 def text(case):
     struct, register = export(case)
     return f"{struct}\n\n{REGISTER_MARK}\n{register}\n"
