@@ -1,0 +1,34 @@
+"""The built-in suite reaches the planted bugs of issue 53's classes: each variant here was green
+on the suite before the case that catches it was added (tests/ggml_variants.py has the patches).
+
+- pool-max-negative: POOL_2D's max backward starts its search for the window's maximum at 0, so
+  a window whose values are all negative loses its gradient. The suite's pool_2d_max draws mixed
+  signs, where every window has a positive value: green. pool_2d_max_negative draws all negative.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def gate(cwd, *args, ggml_src=None):
+    cmd = [sys.executable, "-m", "pytest", "--gradgate", "-p", "no:cacheprovider", "-q", *args]
+    if ggml_src:
+        cmd.append(f"--gradgate-ggml-src={ggml_src}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADGATE_")}
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.mark.slow
+def test_pool_max_losing_negative_windows_is_caught(tmp_path, ggml_variant, default_build):
+    """Seen green before pool_2d_max_negative was added: `-k pool_2d_max` on the variant passed
+    (7 passed, 17 xfailed over every pool_2d item)."""
+    root = ggml_variant("pool-max-negative")[0]
+    caught = gate(tmp_path, "-k", "pool_2d_max", ggml_src=root)
+    assert caught.returncode == 1, caught.stdout[-3000:]
+    assert "pool_2d_max_negative[none-sqr-cpu]" in caught.stdout
+    assert "the backward drops this gradient" in caught.stdout
+    clean = gate(tmp_path, "-k", "pool_2d_max_negative")
+    assert clean.returncode == 0 and "1 passed" in clean.stdout, clean.stdout[-3000:]
