@@ -380,7 +380,12 @@ _RELU_UNMASKED_CODE = "ggml_add_or_set(ctx, cgraph, isrc0, grad); // pytest-grad
 POOL_MAX_START = "                    float maxval = -FLT_MAX;\n                    int kxmax = -1;\n"
 _POOL_MAX_NEGATIVE_CODE = ("                    float maxval = 0.0f; // pytest-gradgate's pool-max-negative test variant\n"
                            "                    int kxmax = -1;\n")
-DIAGNOSIS_VARIANTS = ("relu-unmasked", "pool-max-negative")
+# "rms-norm-back-batches": RMS_NORM_BACK reads x's rows of batch (i2, i3) at (i2 + i3) * nb12, a
+# flattening that is right whenever ne2 or ne3 is 1: only a 4-D batch (ne2 > 1 and ne3 > 1) shows
+# it (issue 53, batches axis)
+_RMS_NORM_BACK_BATCHES_CODE = ("                const float * x  = (float *) ((char *) src1->data + i11*nb11 + (i12 + i13)*nb12);"
+                               " // pytest-gradgate's rms-norm-back-batches test variant\n")
+DIAGNOSIS_VARIANTS = ("relu-unmasked", "pool-max-negative", "rms-norm-back-batches")
 
 VARIANTS = (tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "heap-overflow", "unwritten", "race",
                                      "tf32-matmul", "tf32-matmul-scaled", "sub-sign", "input-strides", "transpose-half",
@@ -460,6 +465,8 @@ def make_variant(ggml_root, dest, name):
         replace_once(dest / "src" / "ggml.c", SCALE_ANCHOR, _SCALE_BACK_INPLACE_CODE)
     elif name == "relu-unmasked":
         replace_once(dest / "src" / "ggml.c", RELU_BACKWARD_LINE, _RELU_UNMASKED_CODE)
+    elif name == "rms-norm-back-batches":
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", INPUT_STRIDES_ANCHOR, _RMS_NORM_BACK_BATCHES_CODE)
     elif name == "pool-max-negative":
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", POOL_MAX_START, _POOL_MAX_NEGATIVE_CODE)
     elif name == "sub-sign":

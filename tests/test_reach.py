@@ -4,6 +4,8 @@ on the suite before the case that catches it was added (tests/ggml_variants.py h
 - pool-max-negative: POOL_2D's max backward starts its search for the window's maximum at 0, so
   a window whose values are all negative loses its gradient. The suite's pool_2d_max draws mixed
   signs, where every window has a positive value: green. pool_2d_max_negative draws all negative.
+- rms-norm-back-batches: RMS_NORM_BACK reads x's rows of batch (i2, i3) at (i2 + i3) * nb12, right
+  whenever ne2 or ne3 is 1, which every rms_norm case had: green. rms_norm_batches is 4-D.
 """
 
 import os
@@ -31,4 +33,17 @@ def test_pool_max_losing_negative_windows_is_caught(tmp_path, ggml_variant, defa
     assert "pool_2d_max_negative[none-sqr-cpu]" in caught.stdout
     assert "the backward drops this gradient" in caught.stdout
     clean = gate(tmp_path, "-k", "pool_2d_max_negative")
+    assert clean.returncode == 0 and "1 passed" in clean.stdout, clean.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_a_batch_index_flattened_wrong_is_caught(tmp_path, ggml_variant, default_build):
+    """Seen green before rms_norm_batches was added: `-k rms_norm` on the variant passed
+    (7 passed, 4 xfailed)."""
+    root = ggml_variant("rms-norm-back-batches")[0]
+    caught = gate(tmp_path, "-k", "rms_norm", ggml_src=root)
+    assert caught.returncode == 1, caught.stdout[-3000:]
+    failed = [line for line in caught.stdout.splitlines() if line.startswith("FAILED ")]
+    assert len(failed) == 1 and "rms_norm_batches[none-wsqr-cpu]" in failed[0], failed
+    clean = gate(tmp_path, "-k", "rms_norm_batches")
     assert clean.returncode == 0 and "1 passed" in clean.stdout, clean.stdout[-3000:]
