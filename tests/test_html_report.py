@@ -547,6 +547,10 @@ def test_overview_draws_every_slice_with_grey_gaps():
                 _, _, x0, _ = panel.cell(0, 0, block)
                 _, _, _, x1 = panel.cell(0, 3, block - 1)
                 assert x1 < x0 and (rgb[panel.y, x1:x0] == 221).all()
+            # above each block, which slice it is
+            x0, x1 = panel.cell(0, 0, block)[2], panel.cell(0, 3, block)[3]
+            above = (rgb[panel.y - heatmap.TEXT_HEIGHT - 4:panel.y - 1, x0 - 4:x1 + 4] == 0).all(axis=2)
+            assert _found(above, heatmap.text_mask(f"[:,:,{i2},{i3}]")) == 1, (title, block)
 
 
 needs_chromium = pytest.mark.skipif(

@@ -384,12 +384,15 @@ def overview_picture(name, analytic, numeric, pairs):
                 blocks.append(np.full((ne1 * sy, gap), GREY, dtype=np.uint8))     # a gap between slices
                 x += gap
             blocks.append(np.repeat(np.repeat(levels(data[i3, i2], limit), sy, axis=0), sx, axis=1))
-            x_labels.append((x + ne0 * sx // 2, f"{i2},{i3}"))
+            x_labels.append((x + ne0 * sx // 2, f"[:,:,{i2},{i3}]"))
             x += ne0 * sx
+        axis = "slices"
+        if max(text_width(t) for _, t in x_labels) + 4 > ne0 * sx + gap:     # too narrow: "i2,i3" only
+            x_labels, axis = [(c, t[5:-1]) for c, t in x_labels], "slices: i2,i3"
         widest = max(text_width(t) for _, t in x_labels)
         step = next((k for k in range(1, len(pairs) + 1) if k * (ne0 * sx + gap) >= widest + 4), len(pairs))
         heat = np.concatenate(blocks, axis=1)
-        canvas, panel = _panel(heat, title, limit, ne1, ne0, sx, sy, x_labels[::step], "slices: i2,i3")
+        canvas, panel = _panel(heat, title, limit, ne1, ne0, sx, sy, x_labels[::step], axis)
         panel.block_step = ne0 * sx + gap
         parts.append((canvas, panel))
     canvas, panels = _arrange(parts, False, f"{name}: all slices" if name else "")

@@ -112,8 +112,8 @@ def _param_section(param, draw=True):
         if len(pairs) > 1:
             label = f"{name}: all slices"
             out.append(f'<figure class="overview">{_img(overview_png(name, analytic, numeric, pairs), label)}'
-                       f"<figcaption>{_e(label)} side by side, each block labelled i2,i3 (rows i1, columns i0 "
-                       "within each slice)</figcaption></figure>")
+                       f"<figcaption>{_e(label)} side by side, each block labelled with its slice (rows i1, "
+                       "columns i0 within each slice)</figcaption></figure>")
         for i2, i3 in pairs:
             label = slice_name(name, i2, i3)
             a, n = analytic[i3, i2], numeric[i3, i2]
