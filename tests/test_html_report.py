@@ -353,15 +353,33 @@ def _failed(case_id, values):
                         "analytic_values": values[::-1], "numeric_values": values}]}
 
 
-def test_pictures_are_capped(monkeypatch):
-    """Past MAX_CASES_WITH_PICTURES failed cases, the report keeps the numbers, draws nothing."""
+def test_pictures_are_capped_and_go_to_new_failures_first(monkeypatch):
+    """Past MAX_CASES_WITH_PICTURES cases, the report keeps the numbers, draws nothing; the
+    pictures go to the cases whose test failed before those the baseline knows (xfailed), and a
+    crash (nothing to draw) takes none of them. Before, they went to the first 20 sections, known
+    or not, crashes included: on the concat-buggy ggml's whole suite, 4 known failures and 6 of
+    the 17 new failures with values to draw had pictures, the other 11 (concat_dim2 ...) none."""
     monkeypatch.setattr(report_html, "MAX_CASES_WITH_PICTURES", 1)
     text = report_html.render([_failed("one", [1.0, 2.0, 3.0]), _failed("two", [1.0, -1.0, 0.5])])
     parser = ReportParser()
     parser.feed(text)
     assert [i["alt"] for i in parser.images] == ["a[:, :, 0, 0]"]
-    assert text.count("no pictures: only the first 1 cases") == 1
+    assert text.count("no pictures: those of 1 cases are drawn") == 1
     assert text.count('class="worst"') == 2
+
+    crash = {"case_id": "a_crash", "status": "crashed", "outcome": "failed", "params": []}
+    known = dict(_failed("b_known", [1.0, 2.0, 3.0]), outcome="xfailed")
+    new = dict(_failed("c_new", [1.0, 2.0]), outcome="failed")
+    monkeypatch.setattr(report_html, "MAX_CASES_WITH_PICTURES", 2)
+    text = report_html.render([crash, known, new])
+    sections = {m.group(1): m.group(2) for m in re.finditer(r'<h3>.*?</span> (\w+)</h3>(.*?)</section>', text, re.S)}
+    assert list(sections) == ["b_known", "c_new", "a_crash"]           # the sections' order is kept
+    assert [s.count("<img") for s in sections.values()] == [1, 1, 0]
+    monkeypatch.setattr(report_html, "MAX_CASES_WITH_PICTURES", 1)
+    text = report_html.render([crash, known, new])
+    sections = {m.group(1): m.group(2) for m in re.finditer(r'<h3>.*?</span> (\w+)</h3>(.*?)</section>', text, re.S)}
+    assert [s.count("<img") for s in sections.values()] == [0, 1, 0]
+    assert "no pictures" in sections["b_known"]
 
 
 # -- the pictures themselves: decoded here, independently of report/png.py ----------------------
@@ -600,6 +618,25 @@ def test_summary_sorts_in_a_browser(story_report, tmp_path):
     """The inline script sorts by a clicked column (MAA ascending, then descending)."""
     page = story_report.read_text().replace(
         "</body>", "<script>var th = document.querySelector('#summary th[data-col=\"5\"]');"
+        " th.click(); document.title = 'asc:' + document.querySelector('#summary tbody tr').className;"
+        " th.click(); document.title += ' desc:' + document.querySelector('#summary tbody tr').className;"
+        "</script></body>")
+    (tmp_path / "sort.html").write_text(page)
+    chromium = next(shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n))
+    proc = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                           f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
+                           (tmp_path / "sort.html").as_uri()], capture_output=True, text=True, timeout=120)
+    assert "<title>asc:passed desc:failed</title>" in proc.stdout, proc.stdout[:500]
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_summary_sorts_text_columns_by_their_text(story_report, tmp_path):
+    """The case column has no sort key of its own (its text is the key): ascending puts
+    concat_story[none-...] (passed) before concat_story[permute_...] (failed)."""
+    page = story_report.read_text().replace(
+        "</body>", "<script>var th = document.querySelector('#summary th[data-col=\"0\"]');"
         " th.click(); document.title = 'asc:' + document.querySelector('#summary tbody tr').className;"
         " th.click(); document.title += ' desc:' + document.querySelector('#summary tbody tr').className;"
         "</script></body>")

@@ -36,9 +36,11 @@ from pytest_gradgate.report.text import format_number as _num
 STATUS_ORDER = ("failed", "crashed", "timeout", "error", "consumer-failed", "producer-failed", "xpassed",
                 "numeric-unreliable", "inconclusive", "xfailed", "skipped", "passed")
 NOT_PASSED = ("failed", "crashed", "timeout", "error", "consumer-failed", "producer-failed")
-# a broken ggml can fail hundreds of cases; pictures for the first ones keep the report small,
-# the rest get their numbers only
-MAX_CASES_WITH_PICTURES = 20
+# a broken ggml can fail hundreds of cases. A picture takes a few milliseconds now, but 3-6 KB of
+# the file (base64; 15 KB for a slice of 64 printed values), and a case draws one overview and up
+# to 8 slices per failed param: the concat-buggy ggml's cases take 5 to 25 KB each. Pictures for
+# 40 cases (the new failures first) stay within about 1 MB; the rest get their numbers only
+MAX_CASES_WITH_PICTURES = 40
 N_WORST = 10
 
 
@@ -101,8 +103,8 @@ def _param_section(param, draw=True):
         analytic = as_array(param["analytic_values"], param["shape"])
         numeric = as_array(param["numeric_values"], param["shape"])
     if has_values and not draw:
-        out.append(f'<p class="note">no pictures: only the first {MAX_CASES_WITH_PICTURES} cases that did not '
-                   "pass are drawn</p>")
+        out.append(f'<p class="note">no pictures: those of {MAX_CASES_WITH_PICTURES} cases are drawn, the ones '
+                   "whose test failed first</p>")
     elif has_values:
         pairs, total = pick_slices(analytic, numeric)
         vmax = symmetric_limit(analytic, numeric)
@@ -184,20 +186,23 @@ def _summary_table(ordered):
         if status in NOT_PASSED and not r.get("no_result"):
             name = f'<a href="#{_anchor(index)}">{name}</a>'
         maa, cos = r.get("maa"), r.get("cosine")
+        # a sort key only where it is not the cell's text (the script sorts the others by their
+        # text): repeating each name and diagnosis in an attribute made the table half again as big
         cells = [
-            (name, _e(r.get("case_id"))),
-            (_e(r.get("op")), _e(r.get("op"))),
-            (_e(r.get("consumer")), _e(r.get("consumer"))),
-            (_e(r.get("backend")), _e(r.get("backend"))),
+            (name, None),
+            (_e(r.get("op")), None),
+            (_e(r.get("consumer")), None),
+            (_e(r.get("backend")), None),
             (f'<span class="badge {_e(row_class)}">{_e(shown)}</span>', str(_rank(r))),
             (_e(_num(maa)), repr(float(maa)) if maa is not None else "-1"),
             (_e(_num(cos, ".4f")), repr(float(cos)) if cos is not None else "-9"),
-            (_e(r.get("diagnosis") or r.get("message") or ""), _e(r.get("diagnosis") or "")),
-            (_e(r.get("phase")), _e(r.get("phase"))),
+            (_e(r.get("diagnosis") or r.get("message") or ""), None),
+            (_e(r.get("phase")), None),
         ]
         out.append(f'<tr class="{_e(row_class)}" data-nodeid="{_e(r.get("nodeid") or r.get("case_id"))}" '
                    f'data-outcome="{_e(outcome)}">'
-                   + "".join(f'<td data-sort="{key}">{text}</td>' for text, key in cells) + "</tr>")
+                   + "".join(f'<td data-sort="{key}">{text}</td>' if key is not None else f"<td>{text}</td>"
+                             for text, key in cells) + "</tr>")
     out.append("</tbody></table>")
     return "\n".join(out)
 
@@ -219,15 +224,17 @@ pre.stderr { background: #f6f6f6; border: 1px solid #ddd; padding: 0.5em; overfl
 .note, .meta { color: #555; font-size: 0.9em; }
 """
 
-# click a header to sort by it; a second click reverses. Status sorts by the failures-first rank.
+# click a header to sort by it; a second click reverses. Status sorts by the failures-first rank,
+# MAA and cosine by their values (data-sort), the other columns by their text.
 _JS = """
+function key(td) { return td.dataset.sort !== undefined ? td.dataset.sort : td.textContent; }
 document.querySelectorAll('#summary th').forEach(function (th) {
   th.addEventListener('click', function () {
     var col = +th.dataset.col, body = th.closest('table').tBodies[0];
     var dir = th.dataset.dir === 'asc' ? -1 : 1; th.dataset.dir = dir === 1 ? 'asc' : 'desc';
     var rows = Array.prototype.slice.call(body.rows);
     rows.sort(function (a, b) {
-      var x = a.cells[col].dataset.sort, y = b.cells[col].dataset.sort;
+      var x = key(a.cells[col]), y = key(b.cells[col]);
       var nx = parseFloat(x), ny = parseFloat(y);
       var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
       return dir * c;
@@ -236,6 +243,17 @@ document.querySelectorAll('#summary th').forEach(function (th) {
   });
 });
 """
+
+
+def _to_draw(shown):
+    """Indices of the cases whose gradients are drawn: MAX_CASES_WITH_PICTURES of those with
+    values to draw, the ones whose test failed first (a new failure, not one the baseline
+    knows, whose test xfailed), each kind in the order of the sections."""
+    drawable = [(i, r) for i, r in shown
+                if any(not p.get("passed", True) and p.get("analytic_values") is not None
+                       and p.get("numeric_values") is not None for p in r.get("params") or [])]
+    drawable.sort(key=lambda ir: ir[1].get("outcome") != "failed")          # stable: section order kept
+    return {i for i, _ in drawable[:MAX_CASES_WITH_PICTURES]}
 
 
 def render(results, meta=None, tests=None):
@@ -270,15 +288,14 @@ def render(results, meta=None, tests=None):
     shown = [(i, r) for i, r in ordered if r.get("status") in NOT_PASSED and not r.get("no_result")]
     failing = [(i, r) for i, r in shown if not returned_to_test(r)]
     returned = [(i, r) for i, r in shown if returned_to_test(r)]
-    drawn = 0
+    drawn = _to_draw(failing + returned)
     for group, heading in ((failing, f"Cases that did not pass ({len(failing)})"),
                            (returned, f"Results returned by gradgate.run() that did not pass ({len(returned)}): "
                                       "their tests assert on them, so they are not failures of those tests")):
         if group:
             parts.append(f'<h2 class="group">{_e(heading)}</h2>')
             for i, r in group:
-                parts.append(_case_section(i, r, draw=drawn < MAX_CASES_WITH_PICTURES))
-                drawn += 1
+                parts.append(_case_section(i, r, draw=i in drawn))
     parts.append(f"<script>{_JS}</script></body></html>")
     return "\n".join(parts)
 
