@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "ops": ("pytest_gradgate.cli.ops", "list the ops, consumers and losses a case may use"),
     "explore": ("pytest_gradgate.cli.explore", "search random cases for backward bugs and shrink each to a case"),
     "export": ("pytest_gradgate.cli.export", "print a gate item's case as a test-backend-ops test_case (C++)"),
+    "coverage": ("pytest_gradgate.cli.coverage", "which axes (layouts, batches, values, params) each op's cases reach"),
 }
 USAGE_EXIT = 2
 FAILURE_EXIT = 1
