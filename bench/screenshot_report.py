@@ -8,7 +8,7 @@ the story's case (concat(a, b, dim=1), a [4,3,5,1], b [4,2,5,1], through
 permute_0213_transpose, loss sqr) plus a crashing case (sqrt through a transpose aborts in
 ggml's CPU kernel) with `pytest --gradgate --gradgate-html`, and screenshots the report.
 
-Needs Debian's `chromium` (apt-get install chromium) and matplotlib (pytest-gradgate[report]).
+Needs Debian's `chromium` (apt-get install chromium).
 Prints the figures it measured: report size, number of images, render and screenshot times.
 """
 

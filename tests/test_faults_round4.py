@@ -242,7 +242,6 @@ def test_two_outputs_on_one_path_are_a_usage_error(pytester, options):
 def test_a_report_that_cannot_be_put_in_place_leaves_no_temp_file(pytester, default_build):
     """Before: with the HTML target a folder (os.replace fails) the run said so, and its temp
     file .gradgate-XXXX.html stayed behind; the JSON's temp file named out.json.tmp too."""
-    pytest.importorskip("matplotlib")
     case_file(pytester.path / "gradgate_ok.yaml", "ok", PASSING)
     (pytester.path / "out.html").mkdir()
     (pytester.path / "out.json").mkdir()

@@ -116,6 +116,29 @@ def test_pytest_gradgate_from_an_empty_folder(venv, tmp_path, default_build):
     assert code == 0 and text.strip() == f"gradgate (pytest-gradgate) {pytest_gradgate.__version__}", text
 
 
+def test_the_html_report_needs_no_extra(dist, venv, tmp_path):
+    """--gradgate-html draws its own pictures: the [report] extra is still there (existing install
+    commands keep working) and brings nothing, and in the venv with the wheel alone (no
+    matplotlib) a failed case's report has its heatmaps."""
+    wheel, _ = dist
+    metadata = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA"))
+    lines = zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
+    assert "Provides-Extra: report" in lines
+    assert not [line for line in lines if line.startswith("Requires-Dist:") and 'extra == "report"' in line]
+    code, text = run([str(venv / "bin" / "python"), "-c",
+                      "import importlib.util, sys\n"
+                      "assert importlib.util.find_spec('matplotlib') is None, 'matplotlib is installed'\n"
+                      "from pytest_gradgate.report import html\n"
+                      "param = {'name': 'a', 'shape': [3, 2], 'passed': False, 'maa': 1.0,\n"
+                      "         'analytic_values': [1, 2, 3, 4, 5, 6], 'numeric_values': [1, 2, 3, 4, 6, 5]}\n"
+                      "page = html.render([{'case_id': 'c', 'status': 'failed', 'params': [param]}])\n"
+                      "print(page.count('<img alt=\"a[:, :, 0, 0]\" src=\"data:image/png;base64,iVBORw0KGgo'))\n"
+                      "print('matplotlib' in sys.modules)\n"],
+                     cwd=tmp_path, env=clean_env())
+    assert code == 0, text
+    assert text.split() == ["1", "False"], text
+
+
 def test_pytest_loads_the_installed_plugin_without_rewriting_it(venv, tmp_path):
     """pytest rewrites the asserts of an installed plugin's modules, recompiling each in every
     process where bytecode is not written (the package takes itself off that list, see
