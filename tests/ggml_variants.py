@@ -385,7 +385,12 @@ _POOL_MAX_NEGATIVE_CODE = ("                    float maxval = 0.0f; // pytest-g
 # it (issue 53, batches axis)
 _RMS_NORM_BACK_BATCHES_CODE = ("                const float * x  = (float *) ((char *) src1->data + i11*nb11 + (i12 + i13)*nb12);"
                                " // pytest-gradgate's rms-norm-back-batches test variant\n")
-DIAGNOSIS_VARIANTS = ("relu-unmasked", "pool-max-negative", "rms-norm-back-batches")
+# "rope-back-no-yarn": ROPE's backward reads ext_factor as 0, so it rotates back without YaRN's
+# ramp and magnitude correction: right at the defaults (ext_factor 0), which every rope case but
+# rope_yarn uses (issue 53, op parameters)
+ROPE_BACK_EXT_FACTOR = "                memcpy(&ext_factor,  (const float *) tensor->op_params +  7, sizeof(float));\n"
+_ROPE_BACK_NO_YARN_CODE = "                ext_factor = 0.0f; // pytest-gradgate's rope-back-no-yarn test variant\n"
+DIAGNOSIS_VARIANTS = ("relu-unmasked", "pool-max-negative", "rms-norm-back-batches", "rope-back-no-yarn")
 
 VARIANTS = (tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "heap-overflow", "unwritten", "race",
                                      "tf32-matmul", "tf32-matmul-scaled", "sub-sign", "input-strides", "transpose-half",
@@ -465,6 +470,8 @@ def make_variant(ggml_root, dest, name):
         replace_once(dest / "src" / "ggml.c", SCALE_ANCHOR, _SCALE_BACK_INPLACE_CODE)
     elif name == "relu-unmasked":
         replace_once(dest / "src" / "ggml.c", RELU_BACKWARD_LINE, _RELU_UNMASKED_CODE)
+    elif name == "rope-back-no-yarn":
+        replace_once(dest / "src" / "ggml.c", ROPE_BACK_EXT_FACTOR, _ROPE_BACK_NO_YARN_CODE)
     elif name == "rms-norm-back-batches":
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", INPUT_STRIDES_ANCHOR, _RMS_NORM_BACK_BATCHES_CODE)
     elif name == "pool-max-negative":

@@ -6,6 +6,8 @@ on the suite before the case that catches it was added (tests/ggml_variants.py h
   signs, where every window has a positive value: green. pool_2d_max_negative draws all negative.
 - rms-norm-back-batches: RMS_NORM_BACK reads x's rows of batch (i2, i3) at (i2 + i3) * nb12, right
   whenever ne2 or ne3 is 1, which every rms_norm case had: green. rms_norm_batches is 4-D.
+- rope-back-no-yarn: ROPE's backward reads ext_factor as 0 (no YaRN correction), right at the
+  defaults every rope case used: green. rope_yarn sets the YaRN parameters.
 """
 
 import os
@@ -47,3 +49,15 @@ def test_a_batch_index_flattened_wrong_is_caught(tmp_path, ggml_variant, default
     assert len(failed) == 1 and "rms_norm_batches[none-wsqr-cpu]" in failed[0], failed
     clean = gate(tmp_path, "-k", "rms_norm_batches")
     assert clean.returncode == 0 and "1 passed" in clean.stdout, clean.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_a_backward_that_ignores_an_op_parameter_is_caught(tmp_path, ggml_variant, default_build):
+    """Seen green before rope_yarn was added: `-k rope` on the variant gave 12 passed, 29 xfailed."""
+    root = ggml_variant("rope-back-no-yarn")[0]
+    caught = gate(tmp_path, "-k", "rope", ggml_src=root)
+    assert caught.returncode == 1, caught.stdout[-3000:]
+    failed = sorted(line.split()[1] for line in caught.stdout.splitlines() if line.startswith("FAILED "))
+    assert failed == [f"pytest_gradgate/cases.yaml::rope_yarn,mode={m}[none-sqr-cpu]" for m in (0, 2)], failed
+    clean = gate(tmp_path, "-k", "rope_yarn")
+    assert clean.returncode == 0 and "2 passed" in clean.stdout, clean.stdout[-3000:]
