@@ -8,6 +8,8 @@ on the suite before the case that catches it was added (tests/ggml_variants.py h
   whenever ne2 or ne3 is 1, which every rms_norm case had: green. rms_norm_batches is 4-D.
 - rope-back-no-yarn: ROPE's backward reads ext_factor as 0 (no YaRN correction), right at the
   defaults every rope case used: green. rope_yarn sets the YaRN parameters.
+- relu-unmasked: RELU's backward without its mask. The relu case alone (sqr loss) sends a zero
+  gradient where a < 0, so the missing mask changes nothing: green. relu_mask adds b after relu.
 """
 
 import os
@@ -61,3 +63,16 @@ def test_a_backward_that_ignores_an_op_parameter_is_caught(tmp_path, ggml_varian
     assert failed == [f"pytest_gradgate/cases.yaml::rope_yarn,mode={m}[none-sqr-cpu]" for m in (0, 2)], failed
     clean = gate(tmp_path, "-k", "rope_yarn")
     assert clean.returncode == 0 and "2 passed" in clean.stdout, clean.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_a_backward_without_its_mask_is_caught(tmp_path, ggml_variant, default_build):
+    """Seen green before relu_mask was added: `-k relu` on the variant gave 7 passed."""
+    root = ggml_variant("relu-unmasked")[0]
+    caught = gate(tmp_path, "-k", "relu", ggml_src=root)
+    assert caught.returncode == 1, caught.stdout[-3000:]
+    failed = [line.split()[1] for line in caught.stdout.splitlines() if line.startswith("FAILED ")]
+    assert failed and all("::relu_mask[" in f for f in failed), failed
+    assert "gradient where the numeric one is zero" in caught.stdout
+    clean = gate(tmp_path, "-k", "relu_mask")
+    assert clean.returncode == 0 and "4 passed" in clean.stdout, clean.stdout[-3000:]
