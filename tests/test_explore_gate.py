@@ -254,3 +254,19 @@ def test_a_new_bug_under_a_known_key_is_the_forks_own(ggml_variant, default_buil
     assert upstreams.known["node"] == "upstream ggml-0.15.3 (its case fails there the same way)"
     assert upstreams.known["upstream"] == "ggml-0.15.3" and upstreams.not_upstream is None
     assert own.known is None and own.not_upstream.startswith("upstream ggml-0.15.3 gives other gradients")
+
+
+@pytest.mark.slow
+def test_a_finding_that_passes_when_run_again_is_not_made_upstreams(tmp_path, ggml_variant, default_build, monkeypatch):
+    """A flaky finding whose case passes when upstream_check runs it again on the fork has nothing to
+    compare with upstream's run. Before: both runs passed, differs() saw no difference, and the
+    finding was called upstream's ("its case fails there the same way"), which no run showed;
+    seen under load in tests/test_explore_reproduce.py. The flaky-scale fork with the schedule
+    "P" passes every run here."""
+    from pytest_gradgate.explore.upstream_check import confirm
+    monkeypatch.setenv("GRADGATE_TEST_FLAKY_PATTERN", "P")
+    monkeypatch.setenv("GRADGATE_TEST_FLAKY_COUNTER", str(tmp_path / "counter"))
+    mapping = {"name": "explore_scale", "params": {"a": [4, 3]}, "graph": "scale(a, s=0.7)", "consumers": ["none"]}
+    f = findings.Finding(("scale", "misread", "contiguous"), mapping, {"status": "failed", "message": "x"}, 0, 0.0)
+    assert confirm([f], ggml_variant("flaky-scale")[1].library, default_build.library, "ggml-0.15.3") == 1
+    assert f.known is None and f.not_upstream is None
