@@ -25,8 +25,11 @@ needs more.
 
 Values are drawn where finite differences are evidence: SAFE_INIT keeps the inputs of ops with
 a kink, pole or restricted domain away from it (log and sqrt positive, div's divisor away from
-0, relu/abs/sgn/step away from 0). What is left unreliable the engine's numeric-reliability
-check vetoes (status numeric-unreliable), and search.py discards those draws.
+0, relu/abs/sgn/step away from 0). Any other op's first param has mixed signs half the time and
+one sign (VALUE_RANGES) the other half: a max-pool window whose values are all negative was a
+bug no mixed draw met. What is left unreliable the engine's numeric-reliability check vetoes
+(status numeric-unreliable), and search.py discards those draws. rope_ext draws YaRN's
+parameters half the time.
 """
 
 import itertools
@@ -58,6 +61,8 @@ SAFE_INIT = {
     "relu": {"abs": [0.25, 1.0]}, "clamp": {"abs": [0.25, 0.75]},
 }
 SAFE_INIT_OTHER = {"div": {"b": {"abs": [0.5, 1.5]}}}
+# the first param's values when not mixed (issue 53: the suite's draws were too kind)
+VALUE_RANGES = {"negative": [-2.0, -0.5], "positive": [0.5, 2.0]}
 
 
 def producers():
@@ -201,6 +206,12 @@ def _rope(draw, a):
     kwargs = {"n_dims": n_dims, "mode": draw(st.sampled_from([0, 2]))}
     if draw(st.booleans()):
         kwargs["freq_scale"] = draw(st.sampled_from([0.5, 0.25]))
+    if draw(st.booleans()):
+        # YaRN context extension, as long-context fine-tunes train with it: the ramp between
+        # beta_fast and beta_slow and the magnitude correction only act when ext_factor != 0
+        kwargs.update(n_ctx_orig=draw(st.sampled_from([8, 16])), ext_factor=draw(st.sampled_from([0.5, 1.0])),
+                      attn_factor=draw(st.sampled_from([1.0, 1.3])), beta_fast=draw(st.sampled_from([32.0, 4.0])),
+                      beta_slow=draw(st.sampled_from([1.0, 2.0])))
     return {"pos": ("input", {"type": "i32", "values": pos})}, kwargs
 
 
@@ -416,6 +427,12 @@ def cases(draw, ops, consumers=None, losses=None, threads=THREADS, declared=None
     a = names.param(shape)
     if first_op in SAFE_INIT:
         init[a] = SAFE_INIT[first_op]
+    else:
+        # mixed signs (the default, what a case shrinks to) half the draws, else all one sign: a
+        # max-pool window of negative values, a mask with nothing to pass (VALUE_RANGES)
+        values = draw(st.sampled_from(("mixed", "mixed") + tuple(VALUE_RANGES)))
+        if values != "mixed":
+            init[a] = VALUE_RANGES[values]
     chain = [first_op]
     follow = FOLLOWED_BY.get(first_op)
     # a declared op's output shape is ggml's to say, in the worker: nothing can be drawn for an
