@@ -390,7 +390,26 @@ _RMS_NORM_BACK_BATCHES_CODE = ("                const float * x  = (float *) ((c
 # rope_yarn uses (issue 53, op parameters)
 ROPE_BACK_EXT_FACTOR = "                memcpy(&ext_factor,  (const float *) tensor->op_params +  7, sizeof(float));\n"
 _ROPE_BACK_NO_YARN_CODE = "                ext_factor = 0.0f; // pytest-gradgate's rope-back-no-yarn test variant\n"
-DIAGNOSIS_VARIANTS = ("relu-unmasked", "pool-max-negative", "rms-norm-back-batches", "rope-back-no-yarn")
+# "silu-back-unrolled": SILU's backward helper unrolled by 8, as SIMD kernels are, with the
+# unrolled path reading dy one element off within each pair; the scalar tail is right, so only
+# rows of 8 or more elements reach the bug (issue 53, sizes: every silu case had ne0 = 4)
+SILU_BACK_HELPER = "inline static void ggml_vec_silu_backward_f32(const int n, float * dx, const float * x, const float * dy) {\n"
+_SILU_BACK_UNROLLED_CODE = """\
+inline static void ggml_vec_silu_backward_f32(const int n, float * dx, const float * x, const float * dy) {
+    int i = 0; // pytest-gradgate's silu-back-unrolled test variant: a wrong unrolled path, a right tail
+    for (; i + 8 <= n; i += 8) {
+        for (int k = 0; k < 8; ++k) {
+            dx[i + k] = ggml_silu_backward_f32(x[i + k], dy[i + (k ^ 1)]);
+        }
+    }
+    for (; i < n; ++i) {
+        dx[i] = ggml_silu_backward_f32(x[i], dy[i]);
+    }
+}
+inline static void ggml_vec_silu_backward_f32_unused(const int n, float * dx, const float * x, const float * dy) {
+"""
+DIAGNOSIS_VARIANTS = ("relu-unmasked", "pool-max-negative", "rms-norm-back-batches", "rope-back-no-yarn",
+                      "silu-back-unrolled")
 
 VARIANTS = (tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "heap-overflow", "unwritten", "race",
                                      "tf32-matmul", "tf32-matmul-scaled", "sub-sign", "input-strides", "transpose-half",
@@ -470,6 +489,8 @@ def make_variant(ggml_root, dest, name):
         replace_once(dest / "src" / "ggml.c", SCALE_ANCHOR, _SCALE_BACK_INPLACE_CODE)
     elif name == "relu-unmasked":
         replace_once(dest / "src" / "ggml.c", RELU_BACKWARD_LINE, _RELU_UNMASKED_CODE)
+    elif name == "silu-back-unrolled":
+        replace_once(dest / "src" / "ggml-cpu" / "vec.h", SILU_BACK_HELPER, _SILU_BACK_UNROLLED_CODE)
     elif name == "rope-back-no-yarn":
         replace_once(dest / "src" / "ggml.c", ROPE_BACK_EXT_FACTOR, _ROPE_BACK_NO_YARN_CODE)
     elif name == "rms-norm-back-batches":

@@ -10,6 +10,8 @@ on the suite before the case that catches it was added (tests/ggml_variants.py h
   defaults every rope case used: green. rope_yarn sets the YaRN parameters.
 - relu-unmasked: RELU's backward without its mask. The relu case alone (sqr loss) sends a zero
   gradient where a < 0, so the missing mask changes nothing: green. relu_mask adds b after relu.
+- silu-back-unrolled: SILU's backward helper unrolled by 8 with a wrong unrolled path and a right
+  tail; every silu case had ne0 = 4, where only the tail runs: green. silu_wide has rows of 67.
 """
 
 import os
@@ -76,3 +78,15 @@ def test_a_backward_without_its_mask_is_caught(tmp_path, ggml_variant, default_b
     assert "gradient where the numeric one is zero" in caught.stdout
     clean = gate(tmp_path, "-k", "relu_mask")
     assert clean.returncode == 0 and "4 passed" in clean.stdout, clean.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_a_wrong_unrolled_path_is_caught(tmp_path, ggml_variant, default_build):
+    """Seen green before silu_wide was added: `-k silu` on the variant gave 3 passed, 4 xfailed."""
+    root = ggml_variant("silu-back-unrolled")[0]
+    caught = gate(tmp_path, "-k", "silu", ggml_src=root)
+    assert caught.returncode == 1, caught.stdout[-3000:]
+    failed = [line.split()[1] for line in caught.stdout.splitlines() if line.startswith("FAILED ")]
+    assert failed == ["pytest_gradgate/cases.yaml::silu_wide[none-sqr-cpu]"], failed
+    clean = gate(tmp_path, "-k", "silu_wide")
+    assert clean.returncode == 0 and "1 passed" in clean.stdout, clean.stdout[-3000:]
