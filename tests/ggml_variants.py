@@ -408,8 +408,13 @@ inline static void ggml_vec_silu_backward_f32(const int n, float * dx, const flo
 }
 inline static void ggml_vec_silu_backward_f32_unused(const int n, float * dx, const float * x, const float * dy) {
 """
+# "rms-norm-back-batch-swap": RMS_NORM_BACK writes batch (i2, i3)'s rows at (i3, i2): with ne2 = ne3
+# every batch's gradient lands whole at another batch's place (issue 53: a diagnosis that says so)
+RMS_NORM_BACK_DX = "                float * dx = (float *) ((char *) dst->data + i01*nb1 + i02*nb2 + i03*nb3);\n"
+_RMS_NORM_BACK_BATCH_SWAP_CODE = ("                float * dx = (float *) ((char *) dst->data + i01*nb1 + i03*nb2 + i02*nb3);"
+                                  " // pytest-gradgate's rms-norm-back-batch-swap test variant\n")
 DIAGNOSIS_VARIANTS = ("relu-unmasked", "pool-max-negative", "rms-norm-back-batches", "rope-back-no-yarn",
-                      "silu-back-unrolled")
+                      "silu-back-unrolled", "rms-norm-back-batch-swap")
 
 VARIANTS = (tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "heap-overflow", "unwritten", "race",
                                      "tf32-matmul", "tf32-matmul-scaled", "sub-sign", "input-strides", "transpose-half",
@@ -489,6 +494,8 @@ def make_variant(ggml_root, dest, name):
         replace_once(dest / "src" / "ggml.c", SCALE_ANCHOR, _SCALE_BACK_INPLACE_CODE)
     elif name == "relu-unmasked":
         replace_once(dest / "src" / "ggml.c", RELU_BACKWARD_LINE, _RELU_UNMASKED_CODE)
+    elif name == "rms-norm-back-batch-swap":
+        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", RMS_NORM_BACK_DX, _RMS_NORM_BACK_BATCH_SWAP_CODE)
     elif name == "silu-back-unrolled":
         replace_once(dest / "src" / "ggml-cpu" / "vec.h", SILU_BACK_HELPER, _SILU_BACK_UNROLLED_CODE)
     elif name == "rope-back-no-yarn":

@@ -429,3 +429,18 @@ def test_gradient_sent_where_it_should_be_masked_is_named_so(run_on):
     assert re.match(r"a: gradient where the numeric one is zero: at (all )?\d+ of the \d+ elements that disagree", r.diagnosis)
     assert "the backward sends gradient to elements it should mask" in r.diagnosis
     assert "wrong positions" not in r.diagnosis and "strides" not in r.diagnosis
+
+
+def test_a_batch_written_at_another_batchs_place_is_named_so(run_on, lib):
+    """Issue 53: a backward that writes batch (i2, i3) at (i3, i2) was "values disagree" or "right
+    values at wrong positions ... strides or offsets". rms-norm-back-batch-swap: RMS_NORM_BACK's
+    output rows of batch (i2, i3) written at (i3, i2); with ne2 = ne3 = 2 the slices [:, :, 1, 0]
+    and [:, :, 0, 1] trade places and the two others are right."""
+    r = run_on("rms-norm-back-batch-swap", case("rms_norm(a, eps=1.0e-6)", {"a": [4, 3, 2, 2]}, loss="wsqr",
+                                                alloc="own"))
+    assert r.status == "failed" and r.kind == "batch-misplaced", r.diagnosis
+    assert "slice [:, :, 1, 0] holds the numeric gradient of slice [:, :, 0, 1]" in r.diagnosis
+    assert "slice [:, :, 0, 1] holds the numeric gradient of slice [:, :, 1, 0]" in r.diagnosis
+    assert "the other 2 slice(s) agree" in r.diagnosis and "another batch's place" in r.diagnosis
+    # control: the default's right backward passes the same case
+    assert run_case(case("rms_norm(a, eps=1.0e-6)", {"a": [4, 3, 2, 2]}, loss="wsqr", alloc="own"), lib).status == "passed"

@@ -210,6 +210,10 @@ def diagnose(analytic, numeric, noise, metrics, max_maa, reads="the incoming gra
     if one_sided is not None:
         return one_sided
     cos = metrics["cosine"]
+    misplaced = _batch_misplaced(a, n, noise, max_maa, shape_ne)
+    if misplaced is not None:
+        return Diagnosis.BATCH_MISPLACED, (f"{misplaced} (cosine {cos:.3f}): the backward writes or reads a batch "
+                                           "(dims 2 and 3) at another batch's place")
     sorted_metrics = compare(np.sort(a), np.sort(n), np.sort(noise), max_maa)
     if sorted_metrics["maa"] <= max(10 * max_maa, sorted_metrics["limit"]) and abs(cos) < 0.999:
         return Diagnosis.WRONG_POSITIONS, ("right values at wrong positions: the analytic gradient is a permutation of the numeric one "
@@ -244,6 +248,36 @@ def diagnose(analytic, numeric, noise, metrics, max_maa, reads="the incoming gra
 
 
 ONE_SIDED_SHARE = 0.75    # of the elements that disagree, zero on one side for a one-sided claim
+
+
+def _batch_misplaced(a, n, noise, max_maa, shape_ne):
+    """The text of a batch at another batch's place, or None: where the param has several (i2, i3)
+    slices and every slice that disagrees with its own numeric gradient agrees, whole, with the
+    numeric gradient of another slice (one that is not the same values: a slice that equals its
+    neighbour says nothing)."""
+    if shape_ne is None:
+        return None
+    ne = (list(shape_ne) + [1, 1, 1, 1])[:4]
+    rows = ne[0] * ne[1]
+    if ne[2] * ne[3] < 2 or rows < 2:
+        return None
+    sa, sn, sz = (x.reshape(ne[3] * ne[2], rows) for x in (a, n, noise))
+    wrong = [s for s in range(len(sa)) if not verdict(sa[s], sn[s], sz[s], max_maa)[1]]
+    if not wrong:
+        return None
+    moved = []
+    for s in wrong:
+        others = [t for t in range(len(sn)) if t != s and verdict(sa[s], sn[t], sz[t], max_maa)[1]
+                  and not verdict(sn[s], sn[t], sz[t], max_maa)[1]]
+        if not others:
+            return None
+        moved.append((s, others[0]))
+
+    def name(s):
+        return f"[:, :, {s % ne[2]}, {s // ne[2]}]"
+    shown = "; ".join(f"slice {name(s)} holds the numeric gradient of slice {name(t)}" for s, t in moved[:3])
+    more = f" (and {len(moved) - 3} more)" if len(moved) > 3 else ""
+    return f"a batch at another batch's place: {shown}{more}; the other {len(sa) - len(moved)} slice(s) agree"
 
 
 def _zero_on_one_side(a, n, noise, max_maa, shape_ne):

@@ -70,6 +70,9 @@ class Diagnosis(_Word):
     # ... or the analytic is zero and the numeric is not (a gradient lost for some elements only)
     LOST = "gradient-lost"
     CONCENTRATED = "concentrated"         # a few elements hold the error, the others agree (named)
+    # each (i2, i3) slice that disagrees is, whole, the numeric gradient of another slice: a batch
+    # written or read at another batch's place (dims 2 and 3 confused, an offset of a batch off)
+    BATCH_MISPLACED = "batch-misplaced"
     # the memory checks (check/memory.py, check/determinism.py): facts of the run, not of the values
     OUT_OF_BOUNDS_WRITE = "out-of-bounds-write"   # a guard zone beside a tensor changed
     UNWRITTEN = "unwritten-elements"      # a kernel left elements of its output unwritten
@@ -105,7 +108,8 @@ STRIDE_SUSPECTS = frozenset({Diagnosis.DISAGREE, Diagnosis.WRONG_SCALE, Diagnosi
 # One misreading backward shows as any of these, by the draw: for matching a known failure (a
 # baseline's entry, explore's key) they are one kind
 MISREAD = "misread"
-_MISREAD_KINDS = frozenset({Diagnosis.DISAGREE, Diagnosis.WRONG_POSITIONS, Diagnosis.CONCENTRATED})
+_MISREAD_KINDS = frozenset({Diagnosis.DISAGREE, Diagnosis.WRONG_POSITIONS, Diagnosis.CONCENTRATED,
+                            Diagnosis.BATCH_MISPLACED})
 
 
 def kind_family(kind):

@@ -367,9 +367,9 @@ class KnownFailures:
 
 # one wrong backward shows as disagree, wrong positions or a few wrong elements depending on the draw; a wrong scale,
 # a wrong sign and a dropped gradient are other bugs
-_FAMILIES = {"wrong-positions": "misread", "disagree": "misread", "concentrated": "misread"}
+_FAMILIES = {"wrong-positions": "misread", "disagree": "misread", "concentrated": "misread", "batch-misplaced": "misread"}
 _REASON_FAMILIES = (("the forward mishandles this layout", "forward-wrong-on-layout"),
-                    ("right values at wrong positions", "misread"), ("values disagree", "misread"), ("elements wrong:", "misread"),
+                    ("right values at wrong positions", "misread"), ("a batch at another batch's place", "misread"), ("values disagree", "misread"), ("elements wrong:", "misread"),
                     ("wrong scale", "wrong-scale"), ("wrong sign", "wrong-sign"), ("drops this gradient", "dropped"))
 
 
