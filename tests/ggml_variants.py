@@ -415,11 +415,15 @@ _RMS_NORM_BACK_BATCH_SWAP_CODE = ("                float * dx = (float *) ((char
                                   " // pytest-gradgate's rms-norm-back-batch-swap test variant\n")
 DIAGNOSIS_VARIANTS = ("relu-unmasked", "pool-max-negative", "rms-norm-back-batches", "rope-back-no-yarn",
                       "silu-back-unrolled", "rms-norm-back-batch-swap")
+# issue 53's reach bugs in one tree, one bug per op (pool_2d, rms_norm, rope, silu): one build for
+# tests/test_reach.py, which selects each op's items
+REACH = "reach"
+REACH_VARIANTS = ("pool-max-negative", "rms-norm-back-batches", "rope-back-no-yarn", "silu-back-unrolled")
 
 VARIANTS = (tuple(CONCAT_VARIANTS) + ("deaths", "thread-boundary", "last-element", "heap-overflow", "unwritten", "race",
                                      "tf32-matmul", "tf32-matmul-scaled", "sub-sign", "input-strides", "transpose-half",
                                      "transpose-reshape", "flaky-scale") + tuple(UNCAUGHT_VARIANTS) + (UNCAUGHT,) + tuple(WALK_SCALE_VARIANTS)
-            + REGIME_VARIANTS + DIAGNOSIS_VARIANTS)
+            + REGIME_VARIANTS + DIAGNOSIS_VARIANTS + (REACH,))
 
 
 class PatchError(Exception):
@@ -476,6 +480,13 @@ def make_variant(ggml_root, dest, name):
     if name not in VARIANTS:
         raise PatchError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
     dest = copy_tree(ggml_root, dest)
+    for one in (REACH_VARIANTS if name == REACH else (name,)):
+        _patch(dest, one)
+    return dest
+
+
+def _patch(dest, name):
+    """Apply one named variant's patch to the copy at dest."""
     if name in UNCAUGHT_VARIANTS:
         replace_once(dest / "src" / "ggml.c", *UNCAUGHT_VARIANTS[name])
     elif name == UNCAUGHT:
@@ -535,7 +546,6 @@ def make_variant(ggml_root, dest, name):
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", THREAD_BOUNDARY_ANCHOR, _RACE_CODE)
     else:
         insert_before(dest / "src" / "ggml.c", BACKWARD_ANCHOR, CONCAT_VARIANTS[name])
-    return dest
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from ggml_variants import UNCAUGHT
+from ggml_variants import REACH, UNCAUGHT
 
 from pytest_gradgate.check.outcome import Diagnosis, Phase, Status
 from pytest_gradgate.check.result import Result
@@ -234,21 +234,21 @@ def test_a_new_bug_under_a_known_key_is_the_forks_own(ggml_variant, default_buil
     recorded = baseline.explore["pool_2d misread contiguous"]["case"]
     upstream = default_build.library
     same_pool = _found_on(ggml_variant(UNCAUGHT)[1].library, recorded)
-    new_bug = _found_on(ggml_variant("pool-max-negative")[1].library, recorded)
+    new_bug = _found_on(ggml_variant(REACH)[1].library, recorded)      # the pool-max-negative bug, among others
     assert same_pool.key == new_bug.key == ("pool_2d", "misread", "contiguous")
     findings.mark_known([same_pool, new_bug], baseline)
     assert same_pool.known and new_bug.known          # by key alone, both look like upstream's
     assert confirm([same_pool], ggml_variant(UNCAUGHT)[1].library, upstream, "ggml-0.15.3") == 1
-    assert confirm([new_bug], ggml_variant("pool-max-negative")[1].library, upstream, "ggml-0.15.3") == 1
+    assert confirm([new_bug], ggml_variant(REACH)[1].library, upstream, "ggml-0.15.3") == 1
     assert same_pool.known and same_pool.not_upstream is None
     assert new_bug.known is None, new_bug.known
     assert new_bug.not_upstream.startswith("upstream ggml-0.15.3 gives other gradients on this case"), new_bug.not_upstream
     assert " here" in new_bug.not_upstream and "there (numeric" in new_bug.not_upstream
     # a finding no entry knows: upstream's when upstream fails its case the same way (known by the
     # run), the fork's own otherwise, with the difference said either way
-    unrecorded = [_found_on(ggml_variant(name)[1].library, recorded) for name in (UNCAUGHT, "pool-max-negative")]
+    unrecorded = [_found_on(ggml_variant(name)[1].library, recorded) for name in (UNCAUGHT, REACH)]
     assert [f.known for f in unrecorded] == [None, None]
-    for f, name in zip(unrecorded, (UNCAUGHT, "pool-max-negative")):
+    for f, name in zip(unrecorded, (UNCAUGHT, REACH)):
         confirm([f], ggml_variant(name)[1].library, upstream, "ggml-0.15.3")
     upstreams, own = unrecorded
     assert upstreams.known["node"] == "upstream ggml-0.15.3 (its case fails there the same way)"
