@@ -70,8 +70,13 @@ def harness_run(tmp_path_factory, default_ggml):
                           stdout=subprocess.PIPE, text=True)
     assert diff.returncode == 1 and "+++ b/ggml/src/ggml.c" in diff.stdout
     (base / "fix.patch").write_text(diff.stdout)
+    # kept in the user cache between sessions, as --workdir is for: a later run rebuilds what changed
+    from pytest_gradgate.library.cache import cache_root
+    workdir = cache_root() / "tests" / "export-run"
+    workdir.mkdir(parents=True, exist_ok=True)
     return subprocess.run([sys.executable, "-m", "pytest_gradgate.cli", "export", *EXPORTED.values(), "--format",
-                           "test-backend-ops", "--run", "--ggml-src", str(fixed), "--revert", str(base / "fix.patch")],
+                           "test-backend-ops", "--run", "--ggml-src", str(fixed), "--revert", str(base / "fix.patch"),
+                           "--workdir", str(workdir)],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=1200)
 
 
@@ -125,3 +130,30 @@ def test_run_options_need_run_and_a_tree_with_the_harness(tmp_path, default_ggml
                           stderr=subprocess.PIPE, text=True)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "no tests/test-backend-ops.cpp in it or in the llama.cpp checkout above it" in proc.stderr
+
+
+def test_a_kept_workdir_is_brought_up_to_date_so_a_build_cannot_go_stale(tmp_path):
+    """--workdir keeps the build, so the copy must tell the build what changed: a file whose bytes
+    changed (the reverted file of the last run) is written anew, newer than its object; one that
+    did not keeps its time stamp, so nothing else recompiles. A copy that kept the source's own
+    time stamps would leave last run's reverted ggml.c older than its object, and the next run
+    would run the stale, reverted build with the fix in the tree."""
+    import os
+    from pytest_gradgate.export.harness import sync
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "sub").mkdir(parents=True)
+    (src / "same.c").write_text("same")
+    (src / "sub" / "changed.c").write_text("the fix")
+    (dst / "sub").mkdir(parents=True)
+    (dst / "same.c").write_text("same")
+    (dst / "sub" / "changed.c").write_text("reverted")
+    (dst / "gone.c").write_text("no longer in the tree")
+    past = 1_000_000_000
+    for path in (dst / "same.c", dst / "sub" / "changed.c"):
+        os.utime(path, (past, past))
+    os.utime(src / "sub" / "changed.c", (past - 10, past - 10))     # the tree's file: older still
+    sync(src, dst)
+    assert (dst / "sub" / "changed.c").read_text() == "the fix"
+    assert os.stat(dst / "sub" / "changed.c").st_mtime > past         # newer than last run's object
+    assert os.stat(dst / "same.c").st_mtime == past                   # untouched: nothing to recompile
+    assert not (dst / "gone.c").exists()

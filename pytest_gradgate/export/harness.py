@@ -72,17 +72,51 @@ def pasted(harness_text, exports, where):
 
 def prepare(ggml_root, exports, dest):
     """dest/: our CMake project, a copy of the ggml root (what a build needs) and the harness
-    with the exports pasted in. -> dest/ggml, the copy (a change is reverted there)."""
+    with the exports pasted in, brought up to date in place (sync()), so that a kept dest/build
+    recompiles only what changed. -> dest/ggml, the copy (a change is reverted there)."""
+    import tempfile
     from pytest_gradgate.library.source import copy_tree
     source = harness_source(ggml_root)
     dest = Path(dest)
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    copy_tree(ggml_root, dest / "ggml")
-    (dest / "CMakeLists.txt").write_text(CMAKE_PROJECT)
-    (dest / "test-backend-ops.cpp").write_text(pasted(source.read_text(errors="replace"), exports, source))
+    dest.mkdir(parents=True, exist_ok=True)
+    harness_text = pasted(source.read_text(errors="replace"), exports, source)
+    with tempfile.TemporaryDirectory(prefix="staging-", dir=dest) as staging:
+        sync(copy_tree(ggml_root, Path(staging) / "ggml"), dest / "ggml")
+    _write_if_changed(dest / "CMakeLists.txt", CMAKE_PROJECT.encode())
+    _write_if_changed(dest / "test-backend-ops.cpp", harness_text.encode())
     return dest / "ggml"
+
+
+def sync(src, dst):
+    """Make dst hold exactly src's files. A file whose bytes did not change keeps its time stamp;
+    one that did is written anew, so it is newer than any object built from it before. (A copy
+    that kept the source's own times could leave a changed file older than its object, and the
+    build would keep the stale object: a change reverted last run would still be reverted.)"""
+    src, dst = Path(src), Path(dst)
+    wanted = set()
+    for path in sorted(src.rglob("*")):
+        rel = path.relative_to(src)
+        wanted.add(rel)
+        if path.is_dir() and not path.is_symlink():
+            (dst / rel).mkdir(parents=True, exist_ok=True)
+        else:
+            _write_if_changed(dst / rel, path.read_bytes())
+    for path in sorted(dst.rglob("*"), reverse=True):
+        if path.relative_to(dst) not in wanted:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+
+
+def _write_if_changed(path, data):
+    path = Path(path)
+    if path.is_symlink() or path.is_dir():
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    elif path.is_file() and path.read_bytes() == data:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
 
 
 def build(dest, progress=None):
