@@ -37,6 +37,8 @@ sys.path.insert(0, str(BENCH))
 VARIANT_OPS = {
     "pool-max-negative": ("POOL_2D",),
     "rope-back-no-yarn": ("ROPE",),
+    "silu-back-unrolled": ("SILU",),
+    "rms-norm-back-batch-swap": ("RMS_NORM",),
     "rms-norm-back-batches": ("RMS_NORM",),
     "relu-unmasked": ("RELU",),
     "sub-sign": ("SUB",),
@@ -48,7 +50,8 @@ VARIANT_OPS = {
 }
 # issue 53's planted bugs, and sub-sign; scale-negative, rms-norm-eps and repeat-ne3 are explore's
 # targets, which the suite by design does not catch (tests/test_explore.py)
-DEFAULT_VARIANTS = ("pool-max-negative", "rms-norm-back-batches", "rope-back-no-yarn", "relu-unmasked", "sub-sign")
+DEFAULT_VARIANTS = ("pool-max-negative", "rms-norm-back-batches", "rope-back-no-yarn", "relu-unmasked", "silu-back-unrolled",
+                    "sub-sign")
 
 
 def gate_side(root, jobs, workdir):
