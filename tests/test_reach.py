@@ -8,7 +8,7 @@ the four in other ops than relu share one tree, `reach`, and each test selects i
 - rms-norm-back-batches: RMS_NORM_BACK reads x's rows of batch (i2, i3) at (i2 + i3) * nb12, right
   whenever ne2 or ne3 is 1, which every rms_norm case had: green. rms_norm_batches is 4-D.
 - rope-back-no-yarn: ROPE's backward reads ext_factor as 0 (no YaRN correction), right at the
-  defaults every rope case used: green. rope_yarn sets the YaRN parameters.
+  defaults every rope case used: green. rope_yarn and rope_multi_yarn set the YaRN parameters.
 - relu-unmasked: RELU's backward without its mask. The relu case alone (sqr loss) sends a zero
   gradient where a < 0, so the missing mask changes nothing: green. relu_mask adds b after relu.
 - silu-back-unrolled: SILU's backward helper unrolled by 8 with a wrong unrolled path and a right
@@ -61,7 +61,8 @@ def test_a_backward_that_ignores_an_op_parameter_is_caught(tmp_path, ggml_varian
     caught = gate(tmp_path, "-k", "rope", ggml_src=root)
     assert caught.returncode == 1, caught.stdout[-3000:]
     failed = sorted(line.split()[1] for line in caught.stdout.splitlines() if line.startswith("FAILED "))
-    assert failed == [f"pytest_gradgate/cases.yaml::rope_yarn,mode={m}[none-sqr-cpu]" for m in (0, 2)], failed
+    assert failed == ["pytest_gradgate/cases.yaml::rope_multi_yarn[none-sqr-cpu]"] + [
+        f"pytest_gradgate/cases.yaml::rope_yarn,mode={m}[none-sqr-cpu]" for m in (0, 2)], failed
 
 
 @pytest.mark.slow
@@ -85,10 +86,10 @@ def test_a_wrong_unrolled_path_is_caught(tmp_path, ggml_variant, default_build):
     assert failed == ["pytest_gradgate/cases.yaml::silu_wide[none-sqr-cpu]"], failed
 
 
-NEW_CASES = ("pool_2d_max_negative", "rms_norm_batches", "rope_yarn", "relu_mask", "silu_wide")
+NEW_CASES = ("pool_2d_max_negative", "rms_norm_batches", "rope_yarn", "rope_multi_yarn", "relu_mask", "silu_wide")
 
 
 def test_the_new_cases_pass_on_the_clean_default(tmp_path, default_build):
     clean = gate(tmp_path, "-k", " or ".join(NEW_CASES))
     assert clean.returncode == 0, clean.stdout[-3000:]
-    assert "9 passed" in clean.stdout, clean.stdout[-3000:]
+    assert "10 passed" in clean.stdout, clean.stdout[-3000:]
