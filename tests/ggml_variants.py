@@ -485,6 +485,30 @@ def make_variant(ggml_root, dest, name):
     return dest
 
 
+# the variants that are one replacement: name -> (file under the ggml root, its anchor, what replaces it)
+ONE_REPLACEMENT = {
+    "silu-back-overwrites": ("src/ggml-cpu/ops.cpp", SILU_BACK_CALL, _SILU_BACK_OVERWRITES_CODE),
+    "softmax-back-fixed": ("src/ggml-cpu/ops.cpp", SOFTMAX_BACK_STEPS, _SOFTMAX_BACK_FIXED_CODE),
+    "scale-back-inplace": ("src/ggml.c", SCALE_ANCHOR, _SCALE_BACK_INPLACE_CODE),
+    "relu-unmasked": ("src/ggml.c", RELU_BACKWARD_LINE, _RELU_UNMASKED_CODE),
+    "rms-norm-back-batch-swap": ("src/ggml-cpu/ops.cpp", RMS_NORM_BACK_DX, _RMS_NORM_BACK_BATCH_SWAP_CODE),
+    "silu-back-unrolled": ("src/ggml-cpu/vec.h", SILU_BACK_HELPER, _SILU_BACK_UNROLLED_CODE),
+    "rope-back-no-yarn": ("src/ggml.c", ROPE_BACK_EXT_FACTOR, _ROPE_BACK_NO_YARN_CODE),
+    "rms-norm-back-batches": ("src/ggml-cpu/ops.cpp", INPUT_STRIDES_ANCHOR, _RMS_NORM_BACK_BATCHES_CODE),
+    "pool-max-negative": ("src/ggml-cpu/ops.cpp", POOL_MAX_START, _POOL_MAX_NEGATIVE_CODE),
+    "sub-sign": ("src/ggml.c", SUB_SIGN_ANCHOR, _SUB_SIGN_CODE),
+    "transpose-reshape": ("src/ggml.c", TRANSPOSE_ANCHOR, _TRANSPOSE_RESHAPE_CODE),
+    "deaths": ("src/ggml-cpu/ops.cpp", DEATHS_ANCHOR, DEATHS_ANCHOR + _DEATHS_CODE),
+    "flaky-scale": ("src/ggml-cpu/ops.cpp", DEATHS_ANCHOR, DEATHS_ANCHOR + _FLAKY_SCALE_CODE),
+    "transpose-half": ("src/ggml.c", TRANSPOSE_ANCHOR, _TRANSPOSE_HALF_CODE),
+    "input-strides": ("src/ggml-cpu/ops.cpp", INPUT_STRIDES_ANCHOR, _INPUT_STRIDES_CODE),
+    "thread-boundary": ("src/ggml-cpu/ops.cpp", THREAD_BOUNDARY_ANCHOR, _THREAD_BOUNDARY_CODE),
+    "last-element": ("src/ggml-cpu/ops.cpp", THREAD_BOUNDARY_ANCHOR, _LAST_ELEMENT_CODE),
+    "unwritten": ("src/ggml-cpu/ops.cpp", THREAD_BOUNDARY_ANCHOR, _UNWRITTEN_CODE),
+    "race": ("src/ggml-cpu/ops.cpp", THREAD_BOUNDARY_ANCHOR, _RACE_CODE),
+}
+
+
 def _patch(dest, name):
     """Apply one named variant's patch to the copy at dest."""
     if name in UNCAUGHT_VARIANTS:
@@ -492,43 +516,14 @@ def _patch(dest, name):
     elif name == UNCAUGHT:
         for anchor, code in UNCAUGHT_VARIANTS.values():
             replace_once(dest / "src" / "ggml.c", anchor, code)
+    elif name in ONE_REPLACEMENT:
+        path, old, new = ONE_REPLACEMENT[name]
+        replace_once(dest / path, old, new)
     elif name in WALK_SCALE_VARIANTS:
         add_walk_scale(dest, name)
-    elif name == "silu-back-overwrites":
-        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", SILU_BACK_CALL, _SILU_BACK_OVERWRITES_CODE)
-    elif name == "softmax-back-fixed":
-        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", SOFTMAX_BACK_STEPS, _SOFTMAX_BACK_FIXED_CODE)
     elif name == "scale-reads-contiguous":
         replace_once(dest / "src" / "ggml.c", SCALE_IMPL_ASSERT, SCALE_IMPL_ASSERT.split("\n", 2)[2])
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", SCALE_KERNEL_ASSERT, SCALE_KERNEL_ASSERT.split("\n", 1)[1])
-    elif name == "scale-back-inplace":
-        replace_once(dest / "src" / "ggml.c", SCALE_ANCHOR, _SCALE_BACK_INPLACE_CODE)
-    elif name == "relu-unmasked":
-        replace_once(dest / "src" / "ggml.c", RELU_BACKWARD_LINE, _RELU_UNMASKED_CODE)
-    elif name == "rms-norm-back-batch-swap":
-        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", RMS_NORM_BACK_DX, _RMS_NORM_BACK_BATCH_SWAP_CODE)
-    elif name == "silu-back-unrolled":
-        replace_once(dest / "src" / "ggml-cpu" / "vec.h", SILU_BACK_HELPER, _SILU_BACK_UNROLLED_CODE)
-    elif name == "rope-back-no-yarn":
-        replace_once(dest / "src" / "ggml.c", ROPE_BACK_EXT_FACTOR, _ROPE_BACK_NO_YARN_CODE)
-    elif name == "rms-norm-back-batches":
-        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", INPUT_STRIDES_ANCHOR, _RMS_NORM_BACK_BATCHES_CODE)
-    elif name == "pool-max-negative":
-        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", POOL_MAX_START, _POOL_MAX_NEGATIVE_CODE)
-    elif name == "sub-sign":
-        replace_once(dest / "src" / "ggml.c", SUB_SIGN_ANCHOR, _SUB_SIGN_CODE)
-    elif name == "transpose-reshape":
-        replace_once(dest / "src" / "ggml.c", TRANSPOSE_ANCHOR, _TRANSPOSE_RESHAPE_CODE)
-    elif name == "deaths":
-        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", DEATHS_ANCHOR, DEATHS_ANCHOR + _DEATHS_CODE)
-    elif name == "flaky-scale":
-        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", DEATHS_ANCHOR, DEATHS_ANCHOR + _FLAKY_SCALE_CODE)
-    elif name == "transpose-half":
-        replace_once(dest / "src" / "ggml.c", TRANSPOSE_ANCHOR, _TRANSPOSE_HALF_CODE)
-    elif name == "input-strides":
-        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", INPUT_STRIDES_ANCHOR, _INPUT_STRIDES_CODE)
-    elif name == "thread-boundary":
-        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", THREAD_BOUNDARY_ANCHOR, _THREAD_BOUNDARY_CODE)
     elif name in ("tf32-matmul", "tf32-matmul-scaled"):
         cpu = dest / "src" / "ggml-cpu" / "ggml-cpu.c"
         insert_before(cpu, TF32_ANCHOR, _TF32_CODE)
@@ -538,12 +533,6 @@ def _patch(dest, name):
     elif name == "heap-overflow":
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", *_HEAP_OVERFLOW_HEAD)
         replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", _HEAP_OVERFLOW_TAIL_ANCHOR, _HEAP_OVERFLOW_TAIL)
-    elif name == "last-element":
-        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", THREAD_BOUNDARY_ANCHOR, _LAST_ELEMENT_CODE)
-    elif name == "unwritten":
-        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", THREAD_BOUNDARY_ANCHOR, _UNWRITTEN_CODE)
-    elif name == "race":
-        replace_once(dest / "src" / "ggml-cpu" / "ops.cpp", THREAD_BOUNDARY_ANCHOR, _RACE_CODE)
     else:
         insert_before(dest / "src" / "ggml.c", BACKWARD_ANCHOR, CONCAT_VARIANTS[name])
 

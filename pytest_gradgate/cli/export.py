@@ -91,9 +91,6 @@ def run(args):
     return run_in_harness(args, cases, exports)
 
 
-OWN_FOLDER, OWN_MARK = "gradgate-export", ".made-by-gradgate-export"
-
-
 def run_in_harness(args, cases, exports):
     import shutil
     import sys
@@ -114,12 +111,7 @@ def run_in_harness(args, cases, exports):
     def progress(text):
         print(f"gradgate export: {text}", file=sys.stderr, flush=True)
     if args.workdir:
-        work = Path(args.workdir).resolve() / OWN_FOLDER
-        if work.exists() and not (work / OWN_MARK).is_file():
-            raise UsageError(f"--workdir {args.workdir}: {work} exists and was not made by gradgate export; it is "
-                             "left as it is: give another --workdir, or move that folder away")
-        work.mkdir(parents=True, exist_ok=True)
-        (work / OWN_MARK).touch()
+        work = verify.own_folder(args.workdir, "export")
     else:
         work = Path(tempfile.mkdtemp(prefix="gradgate-export-"))
     ops = [op_desc_of(case) for case in cases]

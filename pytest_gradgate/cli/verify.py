@@ -28,15 +28,18 @@ class VerifyError(UsageError):
 # verify writes only inside a folder of its own under --workdir, marked as verify's by a file,
 # so that a user's DIR/pytest.ini, reports or sources are never written over
 OWN_FOLDER = "gradgate-verify"
-OWN_MARK = ".made-by-gradgate-verify"
 
 
-def own_folder(workdir):
-    """The folder under --workdir DIR that verify writes in; refuses one it did not make."""
-    folder = Path(workdir).resolve() / OWN_FOLDER
-    if folder.exists() and not (folder / OWN_MARK).is_file():
-        raise VerifyError(f"--workdir {workdir}: {folder} exists and was not made by gradgate verify; "
+def own_folder(workdir, tool="verify"):
+    """The folder under --workdir DIR that `gradgate TOOL` writes in (DIR/gradgate-TOOL), made and
+    marked as the tool's; refuses one it did not make."""
+    folder = Path(workdir).resolve() / f"gradgate-{tool}"
+    mark = folder / f".made-by-gradgate-{tool}"
+    if folder.exists() and not mark.is_file():
+        raise VerifyError(f"--workdir {workdir}: {folder} exists and was not made by gradgate {tool}; "
                           "it is left as it is: give another --workdir, or move that folder away")
+    folder.mkdir(parents=True, exist_ok=True)
+    mark.touch()
     return folder
 
 
@@ -285,8 +288,6 @@ def verify(args):
     keep = args.workdir is not None
     if keep:
         workdir = own_folder(args.workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / OWN_MARK).touch()
     else:
         workdir = Path(tempfile.mkdtemp(prefix="gradgate-verify-"))
     try:
