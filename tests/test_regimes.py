@@ -210,3 +210,32 @@ def test_ggml_opt_agrees_on_a_tree_with_softmax_back_fixed(run_on):
     assert r.status == "passed", r.diagnosis
     agrees = {run["regime"]: run["agrees"] for run in r.alloc}
     assert agrees["ggml-opt"] and agrees["ggml-opt-accumulated"] and all(agrees.values()), agrees
+
+
+def test_accumulation_with_other_values_in_the_second_micro_batch_catches_a_stale_kernel(run_on):
+    """repeat-back-memo (in the reach tree): REPEAT_BACK gives a node's last result again when asked
+    for the same node. ggml-opt's first micro-batch is right, and the second, with other values as
+    training's next batch has, adds the first's gradient again: red in phase ggml-opt, against the
+    sum of the two single-batch gradients. Every other regime is green (each evaluates a node
+    with the values it last had), and so is memory of its own. With the second micro-batch given
+    the same values again (second_values returning its input) this case was green: seen failing."""
+    from ggml_variants import REACH
+    case = dict(name="repeat", graph=["repeat(a, shape=[4, 3, 2])"], params={"a": [2, 3, 1]})
+    r = run_on(REACH, Case(**case))
+    assert (r.status, str(r.phase)) == ("failed", "ggml-opt"), r.diagnosis
+    assert r.diagnosis.startswith(
+        "gradient accumulation lost or doubled: a's gradient accumulated over two micro-batches (the case's values, "
+        "then each leaf's reversed) differs from the sum of the two single-batch gradients"), r.diagnosis
+    agrees = {run["regime"]: run["agrees"] for run in r.alloc}
+    assert agrees.pop("ggml-opt-accumulated") is False and agrees["ggml-opt"] and all(agrees.values()), r.alloc
+    assert run_on(REACH, Case(alloc="own", **case)).status == "passed"
+
+
+def test_second_values_stay_in_the_leafs_domain():
+    """The second micro-batch's values: each leaf's elements reversed, in its shape and dtype, so
+    positive values stay positive and row ids stay valid ids."""
+    import numpy as np
+    from pytest_gradgate.check.regimes import second_values
+    ids = np.array([[0, 2, 1], [1, 1, 0]], dtype=np.int32)
+    assert second_values(ids).tolist() == [[0, 1, 1], [1, 2, 0]] and second_values(ids).dtype == np.int32
+    assert second_values(np.float32([3.0])).tolist() == [3.0]

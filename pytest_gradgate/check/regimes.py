@@ -15,9 +15,12 @@ Regimes, each the same backward graph (same nodes, same values) laid out again:
   `ggml_opt_init` over a backend scheduler of the case's backend, its own gradient graph with
   gradient accumulators, SGD with weight decay 0, two micro-batches per optimizer step. Its
   gradient is read where ggml-opt keeps it (the accumulator, `ggml_opt_grad_acc`) after the
-  first micro-batch, and again after the second, which must hold the sum of the two (the same
-  values twice: twice the gradient). A graph rebuilt in a context of its own, since ggml-opt
-  builds its graphs and gradient tensors in the model's compute context.
+  first micro-batch, and again after the second, which must hold the sum of the two. The second
+  micro-batch has other values (every leaf's reversed, `second_values`), as training's next
+  batch has: the sum of two equal gradients is right for an accumulator that keeps one of them
+  twice. Its single-batch gradient is computed apart, on a graph and in memory of its own. A
+  graph rebuilt in a context of its own, since ggml-opt builds its graphs and gradient tensors
+  in the model's compute context.
 - `forced-srcJ`: which source the allocator picks depends on the graph around a node (src0 unless
   it is still needed or an output). So that a small case meets every alias a training graph could
   give it, each in-place-capable node's output is laid over its src J wherever that is legal (the
@@ -61,8 +64,9 @@ MAX_NODES = 4096
 class Run:
     regime: str             # "graph", "forced-src1"
     aliases: list           # [(node index, src index)] the layout gave
-    differs: dict           # determinism.differences(own, this regime's); empty when they agree
+    differs: dict           # determinism.differences(expected, this regime's); empty when they agree
     got: dict               # param name -> this regime's gradient, kept where it differs
+    expected: dict = None   # what it was compared with, where that is not memory of its own's
 
     def to_dict(self, g, gb):
         return {"regime": self.regime, "agrees": not self.differs,
@@ -142,10 +146,10 @@ def check(g, session, gb, case, params, grads, loss, own, shapes, phase=lambda n
     return runs, _failure(g, gb, failing, culprit, own, shapes)
 
 
-def _run(regime, aliases, own, got):
+def _run(regime, aliases, own, got, expected=None):
     """A Run; a regime that agrees keeps no gradients (a big case's would add up over the regimes)."""
-    differs = determinism.differences(own, got)
-    return Run(regime, aliases, differs, got if differs else {})
+    differs = determinism.differences(own if expected is None else expected, got)
+    return Run(regime, aliases, differs, got if differs else {}, expected if differs else None)
 
 
 def _alloc_aliased(lib, ffi, session, ctx, gb, plan):
@@ -201,17 +205,25 @@ def _failure(g, gb, failing, culprit, own, shapes):
     return Failure(text, f"{op} (node {i}) wrote its output over its src{j}, which it reads afterwards", op)
 
 
+def second_values(values):
+    """The second micro-batch's values of a leaf: its elements in reverse order. Other values at
+    every element where the first had any variety, and the same multiset of them, so a leaf drawn
+    from an op's domain (positive, one sign, valid row ids, a distribution per row) stays in it."""
+    return np.ascontiguousarray(np.asarray(values).reshape(-1)[::-1].reshape(np.shape(values)))
+
+
 def _through_ggml_opt(lib, case, own):
-    """The case trained by ggml-opt (two micro-batches of the same values) -> [Run] of the first
-    micro-batch's gradient and of the accumulated two, halved, each against memory of its own.
-    [] where ggml-opt cannot take the case: a loss that is not a sum, or a tree whose ggml-opt
-    predates its SGD optimizer (gg_opt_supported; the report's alloc then lists no ggml-opt run)."""
+    """The case trained by ggml-opt, two micro-batches (the case's values, then second_values) ->
+    [Run] of the first micro-batch's gradient against memory of its own, and of the accumulated
+    two against the sum of the two single-batch gradients. [] where ggml-opt cannot take the case:
+    a loss that is not a sum, or a tree whose ggml-opt predates its SGD optimizer
+    (gg_opt_supported; the report's alloc then lists no ggml-opt run)."""
     if not lib.gg_opt_supported():
         return []
     lines = parse_graph(case.graph)
     g = GraphBuilder(lib, case, n_tensors=3 * graph_tensors(case, lines), graph_room=GGML_OPT_GRAPH_SIZE)
     ffi = g.ffi
-    session = opt = ffi.NULL
+    session = opt = apart = ffi.NULL
     try:
         params, _, _, loss = build_forward(g, case, lines)
         if _op_of(g, loss) != "SUM":
@@ -221,6 +233,9 @@ def _through_ggml_opt(lib, case, own):
         session = lib.gg_session_new(case.backend.encode(), case.threads, err, 256)
         if session == ffi.NULL:
             return []
+        # before ggml-opt runs, while g's tensors exist: its memory and tensors are none of these
+        apart = _Apart(lib, case, lines)
+        second_own = apart.gradients(second_values)
         opt = lib.gg_opt_new(session, g.ctx, outputs, 2, 1.0)
         if opt == ffi.NULL:
             raise MemoryError("could not make ggml-opt's context for the case")
@@ -229,16 +244,57 @@ def _through_ggml_opt(lib, case, own):
         lib.gg_opt_step(opt)
         first = _run("ggml-opt", [], own, {name: read_tensor(g, lib.gg_opt_grad_acc(opt, t), np.float32)
                                            for name, t in params.items()})
+        for t, values in g.values:
+            write_tensor(g, t, second_values(values))
         lib.gg_opt_step(opt)
-        both = {name: read_tensor(g, lib.gg_opt_grad_acc(opt, t), np.float32) / 2 for name, t in params.items()}
-        # the sum of two micro-batches of the same values, halved: exact in binary floating point
-        return [first, _run("ggml-opt-accumulated", [], own, both)]
+        both = {name: read_tensor(g, lib.gg_opt_grad_acc(opt, t), np.float32) for name, t in params.items()}
+        expected = {name: own[name] + second_own[name] for name in params}
+        return [first, _run("ggml-opt-accumulated", [], own, both, expected)]
     finally:
         if opt != ffi.NULL:
             lib.gg_opt_free(opt)
+        if apart != ffi.NULL:
+            apart.free()
         if session != ffi.NULL:
             lib.gg_session_free(session)
         g.free()
+
+
+class _Apart:
+    """The case's graph built again, in memory of its own, for a single-batch gradient at other
+    values: the gradient ggml-opt's second micro-batch adds is compared with one computed on
+    tensors that never ran a step before (a kernel that keeps state between evaluations of the
+    same node shows there, and not on the same graph run again)."""
+
+    def __init__(self, lib, case, lines):
+        self.g = GraphBuilder(lib, case, n_tensors=graph_tensors(case, lines))
+        self.session = self.g.ffi.NULL
+        params, _, _, loss = build_forward(self.g, case, lines)
+        self.gb = self.g.backward_graph(self.g.forward_graph(loss))
+        self.grads = {name: lib.ggml_graph_get_grad(self.gb, t) for name, t in params.items()}
+        self.shapes = {name: int(np.prod(self.g.layout(t)[0])) for name, t in params.items()}
+        err = self.g.ffi.new("char[256]")
+        self.session = lib.gg_session_new(case.backend.encode(), case.threads, err, 256)
+        if self.session == self.g.ffi.NULL or not lib.gg_session_alloc(self.session, self.g.ctx):
+            self.free()
+            raise MemoryError("could not allocate the case's graph for a second micro-batch's gradient")
+
+    def gradients(self, values_of):
+        g = self.g
+        for t, values in g.values:
+            write_tensor(g, t, values_of(values))
+        g.lib.ggml_graph_reset(self.gb)
+        status = g.lib.gg_session_compute(self.session, self.gb)
+        if status != 0:
+            raise RuntimeError(f"backward compute failed for the second micro-batch (ggml_status {status})")
+        return {name: read_tensor(g, t, np.float32) if t != g.ffi.NULL else np.zeros(self.shapes[name], np.float32)
+                for name, t in self.grads.items()}
+
+    def free(self):
+        if self.session != self.g.ffi.NULL:
+            self.g.lib.gg_session_free(self.session)
+            self.session = self.g.ffi.NULL
+        self.g.free()
 
 
 def _op_of(g, t):
@@ -251,10 +307,10 @@ def _opt_failure(failing, own, shapes):
         text = (f"wrong as ggml-opt trains it: the gradient ggml-opt accumulates for one micro-batch (ggml_opt_init "
                 f"over a backend scheduler, its own gradient graph and allocation): {diff}")
         return Failure(text, "ggml-opt's gradient differs from the backward's own", "", Phase.GGML_OPT)
-    diff = _difference_text(failing.differs, own, failing.got, shapes).replace(
+    diff = _difference_text(failing.differs, failing.expected, failing.got, shapes).replace(
         "differs from the one computed with every tensor in memory of its own",
-        "accumulated over two micro-batches of the same values, halved, differs from the one computed in memory of "
-        "its own")
+        "accumulated over two micro-batches (the case's values, then each leaf's reversed) differs from the sum of "
+        "the two single-batch gradients, each computed in memory of its own")
     text = f"gradient accumulation lost or doubled: {diff}"
     return Failure(text, "ggml-opt's gradient accumulation over two micro-batches is not the sum of the two", "",
                    Phase.GGML_OPT)
