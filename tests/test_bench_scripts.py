@@ -130,8 +130,8 @@ def test_bench_collect_prints_each_figure_with_and_without_its_memo(default_ggml
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     for line in ("1 calls each: with the tree's stat memo median", "hashing the tree median",
-                 "633 items, 1 runs, with the collection memo: start to exit median",
-                 "633 items, 1 runs, memos removed before each run: start to exit median"):
+                 "659 items, 1 runs, with the collection memo: start to exit median",
+                 "659 items, 1 runs, memos removed before each run: start to exit median"):
         assert line in proc.stdout, proc.stdout
 
 
