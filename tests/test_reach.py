@@ -93,3 +93,16 @@ def test_the_new_cases_pass_on_the_clean_default(tmp_path, default_build):
     clean = gate(tmp_path, "-k", " or ".join(NEW_CASES))
     assert clean.returncode == 0, clean.stdout[-3000:]
     assert "10 passed" in clean.stdout, clean.stdout[-3000:]
+
+
+def test_explore_draws_rows_past_the_simd_steps_and_finds_the_unrolled_bug(ggml_variant, default_build):
+    """silu-back-unrolled is wrong only in the unrolled path, which rows shorter than 8 never run:
+    explore's sizes of 1 to 5 could not meet it. With one draw in four at a SIMD step of the
+    tree (library/kernel_steps.py) it finds SILU wrong on contiguous tensors within 10 s of silu
+    alone, its case shrunk to a row of at least 8. Seen failing with kernel_steps.for_library
+    returning no lengths."""
+    from pytest_gradgate.explore import search
+    found, _ = search.explore(ggml_variant(REACH)[1].library, 10.0, seed=0, ops=["silu"])
+    hits = [f for f in found if f.key == ("silu", "misread", "contiguous")]
+    assert hits, [f.key for f in found]
+    assert hits[0].mapping["params"]["a"][0] >= 8 and hits[0].result["status"] == "failed"

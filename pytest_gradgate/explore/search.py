@@ -38,6 +38,7 @@ import time
 from pytest_gradgate.check.outcome import Diagnosis, Status
 from pytest_gradgate.errors import GradgateError
 from pytest_gradgate.explore import findings, reproduce, space
+from pytest_gradgate.library import kernel_steps
 
 SHRINK_S = 20.0             # the most one shrink may take
 SPENT_AFTER = 6             # an op is spent after this many runs ...
@@ -64,6 +65,7 @@ class Job:
                  shrink_s=SHRINK_S, case_timeout=CASE_TIMEOUT_S, baseline=None, declared=None):
         from pytest_gradgate.isolation.parent import Runner
         self.runner = Runner(library, isolate="case", timeout=case_timeout)
+        self.library = library
         self.seed, self.budget_s, self.ops, self.consumers = seed, budget_s, tuple(ops), consumers
         self.database, self.progress, self.shrink_s = database, progress, shrink_s
         self.declared = declared or {}  # declared ops among ops: name -> {c, ranges} (explore/declared.py)
@@ -135,7 +137,8 @@ class Job:
         self.runner.ggml_version()      # start the worker before the clock runs
         start = time.monotonic()
         deadline = start + self.budget_s
-        strategy = space.cases(self.ops, self.consumers, declared=self.declared)
+        strategy = space.cases(self.ops, self.consumers, declared=self.declared,
+                               row_lengths=kernel_steps.for_library(self.library))
         state = {}
 
         def probe(mapping):

@@ -27,7 +27,9 @@ Values are drawn where finite differences are evidence: SAFE_INIT keeps the inpu
 a kink, pole or restricted domain away from it (log and sqrt positive, div's divisor away from
 0, relu/abs/sgn/step away from 0). Any other op's first param has mixed signs half the time and
 one sign (VALUE_RANGES) the other half: a max-pool window whose values are all negative was a
-bug no mixed draw met. What is left unreliable the engine's numeric-reliability check vetoes
+bug no mixed draw met. One draw in four has a first param whose rows are at, one short of or one
+past a SIMD step of the tree's CPU kernels (library/kernel_steps.py: 7 to 65 elements on ggml 0.15.3);
+the others' sizes are 1 to 5. What is left unreliable the engine's numeric-reliability check vetoes
 (status numeric-unreliable), and search.py discards those draws. rope_ext draws YaRN's
 parameters half the time.
 """
@@ -44,6 +46,7 @@ from pytest_gradgate.ops.table import OPS, ne4
 
 MAX_DIM = 5             # each size 1..5: small cases are fast and shrink well
 MAX_CHAIN = 2           # ops per drawn graph (the second consumes the first's output)
+ROW_AT_STEP_ONE_IN = 4  # one draw in this many has a first param whose ne0 is at a SIMD step
 THREADS = (DEFAULT_THREADS, 1, 2, 4)
 SEEDS = 4               # seeds of the inputs' values per case (the case's `seed:`)
 BLIND_LOSSES = ("sum",)
@@ -409,10 +412,11 @@ def _call(draw, op_name, first, first_shape, names, init, declared):
 
 
 @st.composite
-def cases(draw, ops, consumers=None, losses=None, threads=THREADS, declared=None):
+def cases(draw, ops, consumers=None, losses=None, threads=THREADS, declared=None, row_lengths=()):
     """Case mappings, as a case file writes them (see the module's docstring). `declared`: the
     declared ops among `ops` (explore/declared.py); a case that calls one declares it (`ops:`), so
-    that it loads as it is pasted."""
+    that it loads as it is pasted. `row_lengths`: ne0 values at the CPU kernels' SIMD steps
+    (library/kernel_steps.py), drawn for the first param one draw in four."""
     declared = declared or {}
     consumers = tuple(consumers or CONSUMERS)
     losses = tuple(losses or [name for name in LOSSES if name not in BLIND_LOSSES])
@@ -422,6 +426,12 @@ def cases(draw, ops, consumers=None, losses=None, threads=THREADS, declared=None
     # space is wider than the suite's few points, where a parameter-free op's is its shapes
     first_op = draw(st.sampled_from(tuple(ops) + tuple(op for op in ops if op in ARGUMENTS or op in declared)))
     shape = draw(st.lists(st.integers(1, MAX_DIM), min_size=1, max_size=4))
+    long_rows = tuple(n for n in row_lengths if n > MAX_DIM)
+    if long_rows and draw(st.integers(0, ROW_AT_STEP_ONE_IN - 1)) == ROW_AT_STEP_ONE_IN - 1:
+        # a row at, one short of or one past a SIMD step: an unrolled loop's bug shows only past
+        # its step, a tail's only off it; the other dims stay small, since each element of the
+        # param costs its own finite differences
+        shape = [draw(st.sampled_from(long_rows))] + [min(n, 2) for n in shape[1:]]
     names = _Names()
     init = {}
     a = names.param(shape)

@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from pytest_gradgate.library import kernel_steps
 from pytest_gradgate.library.cache import cache_root, file_lock, make_entry
 from pytest_gradgate.library.options import BUILD_INFO, BuildOptions, build_backends
 from pytest_gradgate.library.sanitizer import runtime_library
@@ -433,6 +434,8 @@ def _run_cmake(ggml_root, options, staging, progress):
         "build_seconds": round(time.time() - started, 1),
         "built_by_pid": os.getpid(),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        # explore draws rows at these (library/kernel_steps.py); the tree may be gone when it runs
+        "simd_steps": list(kernel_steps.steps_in(ggml_root)),
     }
     if runtime:
         info["sanitizer_runtime"] = runtime    # what a worker preloads (library/sanitizer.py)
