@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "explore": ("pytest_gradgate.cli.explore", "search random cases for backward bugs and shrink each to a case"),
     "export": ("pytest_gradgate.cli.export", "print a gate item's case as a test-backend-ops test_case (C++)"),
     "coverage": ("pytest_gradgate.cli.coverage", "which axes (layouts, batches, values, params) each op's cases reach"),
+    "mutate": ("pytest_gradgate.cli.mutate", "plant mutations in the backward code: which does the suite let through?"),
 }
 USAGE_EXIT = 2
 FAILURE_EXIT = 1
