@@ -9,7 +9,6 @@ a mutant past its time limit is a timeout, not a stuck run.
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
