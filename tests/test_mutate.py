@@ -99,7 +99,7 @@ def test_verdicts_survivors_and_a_resumed_run(tmp_path, default_ggml, default_bu
             "--workdir", str(tmp_path / "work")]
     report = tmp_path / "work" / "gradgate-mutate" / "report.json"
     # interrupted once its first mutant has a verdict
-    proc = subprocess.Popen(mutate(*args, cwd=tmp_path), cwd=tmp_path, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(mutate(*args, "--explore-s", "0", cwd=tmp_path), cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
@@ -113,8 +113,10 @@ def test_verdicts_survivors_and_a_resumed_run(tmp_path, default_ggml, default_bu
     tree_copy = tmp_path / "work" / "gradgate-mutate" / "tree-0"
     assert (tree_copy / "src/ggml.c").read_bytes() == (Path(default_ggml) / "src/ggml.c").read_bytes()
     assert (tree_copy / "src/ggml-cpu/ops.cpp").read_bytes() == (Path(default_ggml) / "src/ggml-cpu/ops.cpp").read_bytes()
-    # started again: the first verdict is kept, the rest run
-    done = subprocess.run(mutate(*args, cwd=tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    # started again: the first verdict is kept, the rest run; the survivor is searched by explore,
+    # whose findings on silu (upstream's own laid-out failures) fail unmutated too: no killing case
+    done = subprocess.run(mutate(*args, "--explore-s", "3", cwd=tmp_path), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=900)
     assert done.returncode == 1, done.stderr[-2000:]        # a survivor
     assert "3 mutants, 1 done before, 2 to run" in done.stderr
     doc = json.loads(report.read_text())
@@ -126,6 +128,10 @@ def test_verdicts_survivors_and_a_resumed_run(tmp_path, default_ggml, default_bu
     assert doc["score"] == pytest.approx(2 / 3)
     assert f"survivors (1): no selected case turned red\n  {survived_at} in ggml_compute_forward_silu_back_f16 (silu)" \
         in done.stdout
+    survivor = next(r for r in doc["results"].values() if r["verdict"] == "survived")
+    assert survivor["explored"]["verdict"] == "possibly-equivalent", survivor["explored"]
+    assert survivor["explored"]["cases_drawn"] > 0
+    assert "possibly-equivalent: explore drew" in done.stdout
     killed = next(r for r in doc["results"].values() if r["verdict"] == "killed")
     assert killed["detail"].startswith("silu_rows[none-sqr-cpu]")
 

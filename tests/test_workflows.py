@@ -69,7 +69,7 @@ def test_gradgate_is_a_reusable_workflow_with_its_inputs():
 
 def test_gradgate_jobs_cpu_cuda_build_gpu_and_the_aggregate_gate():
     jobs = load("gradgate.yml")["jobs"]
-    assert set(jobs) == {"cpu", "cuda-build", "gpu", "gate"}
+    assert set(jobs) == {"cpu", "cuda-build", "gpu", "mutate", "gate"}
 
     cpu_run = " ".join(s.get("run", "") for s in jobs["cpu"]["steps"])
     assert "pytest" in cpu_run and "--gradgate " in cpu_run and "--gradgate-json" in cpu_run
@@ -87,8 +87,15 @@ def test_gradgate_jobs_cpu_cuda_build_gpu_and_the_aggregate_gate():
     assert gpu["runs-on"] == ["self-hosted", "gpu"] and gpu["if"] == "inputs.gpu"
     assert "--gradgate-backend cuda" in " ".join(s.get("run", "") for s in gpu["steps"])
 
+    mutate = jobs["mutate"]
+    assert mutate["if"] == "inputs.mutate-since != ''"
+    assert load("gradgate.yml")["on"]["workflow_call"]["inputs"]["mutate-since"]["default"] == ""
+    mutate_run = " ".join(s.get("run", "") for s in mutate["steps"])
+    assert "gradgate mutate" in mutate_run and '--since "$MUTATE_SINCE"' in mutate_run and "[mutate]" in mutate_run
+    assert mutate["steps"][0]["with"]["fetch-depth"] == 0     # --since needs the history
+
     gate = jobs["gate"]
-    assert gate["if"] == "always()" and set(gate["needs"]) == {"cpu", "cuda-build", "gpu"}
+    assert gate["if"] == "always()" and set(gate["needs"]) == {"cpu", "cuda-build", "gpu", "mutate"}
     assert "exit 1" in " ".join(s.get("run", "") for s in gate["steps"])
 
 

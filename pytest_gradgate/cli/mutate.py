@@ -2,7 +2,8 @@
 which the gate lets through (gradgate mutate).
 
     gradgate mutate [--ggml-src TREE] [--cases FILE ...] [-k EXPR] [--ops OPS] [-j N]
-                    [--since COMMIT] [--timeout S] [--limit N] [--list] [--workdir DIR]
+                    [--since COMMIT] [--at PATH:LINE] [--timeout S] [--limit N] [--explore-s S]
+                    [--list] [--workdir DIR]
 
 Exit 0 when every mutant run was killed (or did not compile), 1 when some survived, 2 on a usage
 error. Results go to DIR/gradgate-mutate/report.json after every mutant: the same command run
@@ -30,6 +31,8 @@ def add_arguments(p):
     p.add_argument("--at", action="append", default=[], metavar="PATH:LINE",
                    help="only the mutants at this line (a path relative to the ggml root; repeatable)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="run at most N mutants (in file order)")
+    p.add_argument("--explore-s", type=float, default=10.0, metavar="S",
+                   help="search each survivor with explore over its ops for S seconds (default 10; 0: off)")
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
     p.add_argument("--workdir", metavar="DIR", default=None,
                    help="where the copies, builds and report.json go (default: the user cache)")
@@ -43,7 +46,7 @@ def run(args):
     from pytest_gradgate.library.tree_digest import tree_digest
     from pytest_gradgate.mutate import sites
     from pytest_gradgate.mutate.report import Report
-    from pytest_gradgate.mutate.runner import MutationRun, Selection
+    from pytest_gradgate.mutate.runner import MutationRun, Selection, explore_survivors
 
     if args.jobs < 1:
         raise UsageError(f"-j {args.jobs}: at least 1")
@@ -80,6 +83,8 @@ def run(args):
     runner.timeout_s = args.timeout or max(120.0, 3 * took)
     try:
         runner.run()
+        if args.explore_s > 0:
+            explore_survivors(runner, args.explore_s)
     except KeyboardInterrupt:
         print(f"\ngradgate mutate: interrupted; {len(report.results)} results kept in {report.path}: run the same "
               "command again to go on", file=sys.stderr)

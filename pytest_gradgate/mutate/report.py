@@ -79,4 +79,9 @@ class Report:
             for r in survivors:
                 lines.append(f"  {r['path']}:{r['line']} in {r['function']} ({', '.join(r['ops'])}): {r['description']}")
                 lines.extend("      " + d for d in r["diff"].splitlines())
+                explored = r.get("explored")
+                if explored:
+                    lines.append(f"    {explored['verdict']}: {explored['detail']}")
+                    if explored.get("case"):
+                        lines.extend("      " + d for d in explored["case"].splitlines())
         return "\n".join(lines)

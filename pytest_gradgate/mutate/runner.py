@@ -251,3 +251,47 @@ class MutationRun:
                     f.cancel()
                 kill_running()      # each mutant's file is put back by its own thread
                 raise
+
+
+def library_of(slot, deadline):
+    """gradgate build of the slot's tree as it is now -> the library's path, or None."""
+    cmd = [sys.executable, "-m", "pytest_gradgate.cli", "build", "--ggml-src", str(slot.root)]
+    code, out = _run(cmd, slot.run_dir, slot.env(), deadline)
+    if code != 0:
+        return None
+    lines = [line for line in out.splitlines() if line.strip().endswith(".so")]
+    return lines[-1].strip() if lines else None
+
+
+def explore_survivors(run, budget_s):
+    """For each survivor not searched yet: build the mutant and the unmutated tree, and let
+    mutate/survivors.py search for a killing case; the result goes into the survivor's entry."""
+    from pytest_gradgate.mutate import survivors
+    slot = Slot(run.workdir, 0, run.ggml_root)
+    todo = [r for r in run.report.survivors() if "explored" not in r]
+    if not todo:
+        return
+    run.progress(f"gradgate mutate: searching {len(todo)} survivor(s) with explore, {budget_s:g} s each")
+    deadline = time.monotonic() + 3600
+    unmutated = library_of(slot, deadline)
+    if unmutated is None:
+        raise GradgateError("the unmutated tree does not build")
+    keep = slot.cache / "unmutated"
+    shutil.rmtree(keep, ignore_errors=True)
+    shutil.copytree(Path(unmutated).parent, keep)      # forget_builds() would take it away
+    unmutated = str(keep / Path(unmutated).name)
+    for r in todo:
+        path = slot.root / r["path"]
+        original = path.read_bytes()
+        try:
+            path.write_bytes(original[:r["start"]] + r["replacement"].encode() + original[r["end"]:])
+            library = library_of(slot, time.monotonic() + 3600)
+            result = (survivors.search(library, unmutated, r, budget_s) if library else
+                      {"verdict": "not-explored", "detail": "the mutant did not build again"})
+        finally:
+            path.write_bytes(original)
+        # explore's workers load the library from the build folder: it goes only now
+        slot.forget_builds()
+        r["explored"] = result
+        run.report.save()
+        run.progress(f"  {r['path']}:{r['line']} {r['description']}: {result['verdict']} ({result['detail']})")
