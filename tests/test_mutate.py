@@ -148,3 +148,19 @@ def test_a_mutant_past_its_time_limit_is_a_timeout(tmp_path, default_ggml, defau
     assert "[1/1] timeout" in done.stderr
     assert "killed 0, timeout 1, survived 0" in done.stdout
     assert not list((tmp_path / "work" / "gradgate-mutate").glob("cache-0/builds/*"))
+
+
+def test_explore_kills_a_survivor_and_gives_the_case(ggml_variant, default_build):
+    """The survivor search on a real planted bug standing for a mutant (silu-back-unrolled, in
+    the reach tree: wrong only on rows past 8, which a suite of 4-element rows let through):
+    explore over silu finds a case that fails on it and passes on the unmutated default, and
+    prints it shrunk as a case file holds it. Findings that fail unmutated too (upstream's laid-out
+    SILU failures) are not taken for kills."""
+    pytest.importorskip("hypothesis")
+    from ggml_variants import REACH
+    from pytest_gradgate.mutate import survivors
+    survivor = {"ops": ["silu"], "path": "src/ggml-cpu/vec.h", "line": 1, "description": "planted"}
+    found = survivors.search(ggml_variant(REACH)[1].library, default_build.library, survivor, 10.0)
+    assert found["verdict"] == "killed-by-explore", found
+    assert found["detail"].endswith(": silu misread contiguous"), found["detail"]
+    assert found["case"].startswith("# kills src/ggml-cpu/vec.h:1 (planted)\ncases:\n") and "graph: silu(a)" in found["case"]
