@@ -268,7 +268,8 @@ def explore_survivors(run, budget_s):
     mutate/survivors.py search for a killing case; the result goes into the survivor's entry."""
     from pytest_gradgate.mutate import survivors
     slot = Slot(run.workdir, 0, run.ggml_root)
-    todo = [r for r in run.report.survivors() if "explored" not in r]
+    ours = {m.id for m in run.mutants}      # this command's mutants (--at, --ops, --limit)
+    todo = [r for r in run.report.survivors() if "explored" not in r and r["id"] in ours]
     if not todo:
         return
     run.progress(f"gradgate mutate: searching {len(todo)} survivor(s) with explore, {budget_s:g} s each")
