@@ -62,6 +62,16 @@ def test_sites_name_the_op_and_replace_one_node(default_ggml):
     assert kernel == {("soft_max",)}
     assert {m.ops for m in ms if m.function == "ggml_add_or_set"} == {("*",)}
     assert {m.operator for m in ms} == {"arithmetic", "comparison", "accumulation", "constant", "dimension", "operand"}
+    # the Release build the gate runs compiles `#ifndef NDEBUG` blocks out: no mutant there
+    ops_lines = (Path(default_ggml) / "src/ggml-cpu/ops.cpp").read_text().splitlines()
+    debug, inside = set(), False
+    for number, text in enumerate(ops_lines, 1):
+        inside = inside or text.strip() == "#ifndef NDEBUG"
+        if inside:
+            debug.add(number)
+            inside = not text.strip().startswith("#endif")
+    kernel_lines = {m.line for m in ms if m.path == "src/ggml-cpu/ops.cpp"}
+    assert debug and not kernel_lines & debug
 
 
 def test_since_mutates_only_the_lines_a_commit_changed(tmp_path, default_ggml):

@@ -13,6 +13,8 @@ The sites:
   and out_prod, which mul_mat's backward runs);
 - src/ggml-cpu/vec.h: the vector helpers of the backward kernels (*_backward_*).
 
+Code under `#ifndef NDEBUG` gets no mutant: the gate's Release build compiles it out.
+
 Each mutant names the op(s) whose backward runs its code: the case label around it, the op a
 kernel serves (KERNEL_OPS), or every op for the shared helpers.
 """
@@ -143,6 +145,18 @@ def _inside_error(node, top):
     return False
 
 
+def _debug_only(node, top):
+    """Whether node is in an `#ifndef NDEBUG` block: compiled out of the Release build the gate
+    runs, so a mutant there could only survive."""
+    while node is not None and node != top:
+        if node.type == "preproc_ifdef":
+            name = node.child_by_field_name("name")
+            if name is not None and name.text == b"NDEBUG" and node.children and node.children[0].type == "#ifndef":
+                return True
+        node = node.parent
+    return False
+
+
 def _walk(node):
     stack = [node]
     while stack:
@@ -172,7 +186,7 @@ def mutants(ggml_root, ops=None, lines=None):
                 continue
             for node in _walk(body):
                 for start, end, replacement, operator, description in mutations(node):
-                    if _inside_error(node, fn):
+                    if _inside_error(node, fn) or _debug_only(node, fn):
                         continue
                     line = text.count(b"\n", 0, start) + 1
                     if lines is not None and line not in lines[rel]:
