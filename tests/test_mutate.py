@@ -142,6 +142,13 @@ def test_verdicts_survivors_and_a_resumed_run(tmp_path, default_ggml, default_bu
     assert survivor["explored"]["verdict"] == "possibly-equivalent", survivor["explored"]
     assert survivor["explored"]["cases_drawn"] > 0
     assert "possibly-equivalent: explore drew" in done.stdout
+    # one line of them again: nothing runs, and the table is over that line's mutant alone
+    again = subprocess.run(mutate("--ggml-src", str(default_ggml), "--cases", str(cases), "--at", survived_at,
+                                  "--workdir", str(tmp_path / "work"), "--explore-s", "0", cwd=tmp_path),
+                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert "1 mutants, 1 done before, 0 to run" in again.stderr, again.stderr[-2000:]
+    assert again.stdout.startswith("mutants: 1; killed 0, timeout 0, survived 1, not compiled 0, unreached 0; "
+                                   "not run 0\nmutation score: 0.0%"), again.stdout
     killed = next(r for r in doc["results"].values() if r["verdict"] == "killed")
     assert killed["detail"].startswith("silu_rows[none-sqr-cpu]")
 

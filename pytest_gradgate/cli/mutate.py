@@ -89,9 +89,10 @@ def run(args):
         print(f"\ngradgate mutate: interrupted; {len(report.results)} results kept in {report.path}: run the same "
               "command again to go on", file=sys.stderr)
         return 130
-    print(report.table(len(mutants)))
+    ids = [m.id for m in mutants]
+    print(report.table(ids))
     print(f"report: {report.path}", file=sys.stderr)
-    return 1 if report.counts().get("survived") else 0
+    return 1 if report.counts(set(ids)).get("survived") else 0
 
 
 def _case_ops(case_files, ops_used, parse_graph):

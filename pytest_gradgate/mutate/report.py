@@ -41,21 +41,25 @@ class Report:
         self.results[mutant.id] = dict(mutant.to_dict(), **result)
         self.save()
 
-    def counts(self):
+    def _of(self, ids):
+        return [r for key, r in self.results.items() if ids is None or key in ids]
+
+    def counts(self, ids=None):
+        """verdict -> how many, over the mutants `ids` (all the report holds by default)."""
         out = {}
-        for r in self.results.values():
+        for r in self._of(ids):
             out[r["verdict"]] = out.get(r["verdict"], 0) + 1
         return out
 
-    def score(self):
+    def score(self, ids=None):
         """killed (timeouts included) / (killed + survived); None before any of either."""
-        c = self.counts()
+        c = self.counts(ids)
         killed = c.get("killed", 0) + c.get("timeout", 0)
         judged = killed + c.get("survived", 0)
         return killed / judged if judged else None
 
-    def survivors(self):
-        return sorted((r for r in self.results.values() if r["verdict"] == "survived"),
+    def survivors(self, ids=None):
+        return sorted((r for r in self._of(ids) if r["verdict"] == "survived"),
                       key=lambda r: (r["path"], r["line"], r["start"]))
 
     def save(self):
@@ -64,15 +68,18 @@ class Report:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(self.path, json.dumps(doc, indent=1, sort_keys=True))
 
-    def table(self, total):
-        c = self.counts()
-        score = self.score()
+    def table(self, ids):
+        """The run's table over this command's mutants (ids): a report may hold more (--at)."""
+        ids = set(ids)
+        total = len(ids)
+        c = self.counts(ids)
+        score = self.score(ids)
         lines = [f"mutants: {total}; killed {c.get('killed', 0)}, timeout {c.get('timeout', 0)}, survived "
                  f"{c.get('survived', 0)}, not compiled {c.get('not-compiled', 0)}, unreached "
-                 f"{c.get('unreached', 0)}; not run {total - len(self.results)}",
+                 f"{c.get('unreached', 0)}; not run {total - sum(c.values())}",
                  "mutation score: " + (f"{score:.1%} (killed and timeouts over killed, timeouts and survivors)"
                                        if score is not None else "none yet")]
-        survivors = self.survivors()
+        survivors = self.survivors(ids)
         if survivors:
             lines.append("")
             lines.append(f"survivors ({len(survivors)}): no selected case turned red")

@@ -236,7 +236,7 @@ class MutationRun:
                     texts[mutant.path] = (self.ggml_root / mutant.path).read_bytes()
                 result["diff"] = mutant.diff_line(texts[mutant.path])
                 self.report.add(mutant, result)
-                done = len(self.report.results)
+                done = sum(1 for m in self.mutants if m.id in self.report.results)
                 self.progress(f"[{done}/{len(self.mutants)}] {result['verdict']:<12} {mutant.path}:{mutant.line} "
                               f"{mutant.description} ({result['seconds']} s)")
 
