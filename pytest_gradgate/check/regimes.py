@@ -221,21 +221,28 @@ def _through_ggml_opt(lib, case, own):
     if not lib.gg_opt_supported():
         return []
     lines = parse_graph(case.graph)
-    g = GraphBuilder(lib, case, n_tensors=3 * graph_tensors(case, lines), graph_room=GGML_OPT_GRAPH_SIZE)
-    ffi = g.ffi
-    session = opt = apart = ffi.NULL
+    # The second micro-batch's single-batch gradient first, on a graph apart that stays
+    # allocated while ggml-opt runs (its memory and tensors are none of ggml-opt's), and its
+    # values let go before ggml-opt's graph draws its own: a big case's are megabytes
+    # (tests/test_fast_mode.py's peak)
+    apart = _Apart(lib, case, lines)
+    g = None
+    session = opt = apart.g.ffi.NULL
     try:
-        params, _, _, loss = build_forward(g, case, lines)
-        if _op_of(g, loss) != "SUM":
+        if apart.loss_op != "SUM":
             return []       # ggml-opt's loss is a sum of the outputs it is given (losses.py: all are)
+        expected = apart.gradients(second_values)
+        for name in expected:
+            # with the first's: the sum of the two, in place, in float32 as ggml-opt adds them
+            np.add(expected[name], own[name], out=expected[name], casting="unsafe")
+        g = GraphBuilder(lib, case, n_tensors=3 * graph_tensors(case, lines), graph_room=GGML_OPT_GRAPH_SIZE)
+        ffi = g.ffi
+        params, _, _, loss = build_forward(g, case, lines)
         outputs = lib.gg_tensor_src(loss, 0)
         err = ffi.new("char[256]")
         session = lib.gg_session_new(case.backend.encode(), case.threads, err, 256)
         if session == ffi.NULL:
             return []
-        # before ggml-opt runs, while g's tensors exist: its memory and tensors are none of these
-        apart = _Apart(lib, case, lines)
-        second_own = apart.gradients(second_values)
         opt = lib.gg_opt_new(session, g.ctx, outputs, 2, 1.0)
         if opt == ffi.NULL:
             raise MemoryError("could not make ggml-opt's context for the case")
@@ -248,16 +255,15 @@ def _through_ggml_opt(lib, case, own):
             write_tensor(g, t, second_values(values))
         lib.gg_opt_step(opt)
         both = {name: read_tensor(g, lib.gg_opt_grad_acc(opt, t), np.float32) for name, t in params.items()}
-        expected = {name: own[name] + second_own[name] for name in params}
         return [first, _run("ggml-opt-accumulated", [], own, both, expected)]
     finally:
-        if opt != ffi.NULL:
+        if opt != apart.g.ffi.NULL:
             lib.gg_opt_free(opt)
-        if apart != ffi.NULL:
-            apart.free()
-        if session != ffi.NULL:
+        if session != apart.g.ffi.NULL:
             lib.gg_session_free(session)
-        g.free()
+        if g is not None:
+            g.free()
+        apart.free()
 
 
 class _Apart:
@@ -269,20 +275,28 @@ class _Apart:
     def __init__(self, lib, case, lines):
         self.g = GraphBuilder(lib, case, n_tensors=graph_tensors(case, lines))
         self.session = self.g.ffi.NULL
-        params, _, _, loss = build_forward(self.g, case, lines)
-        self.gb = self.g.backward_graph(self.g.forward_graph(loss))
-        self.grads = {name: lib.ggml_graph_get_grad(self.gb, t) for name, t in params.items()}
-        self.shapes = {name: int(np.prod(self.g.layout(t)[0])) for name, t in params.items()}
-        err = self.g.ffi.new("char[256]")
-        self.session = lib.gg_session_new(case.backend.encode(), case.threads, err, 256)
-        if self.session == self.g.ffi.NULL or not lib.gg_session_alloc(self.session, self.g.ctx):
+        try:
+            params, _, _, loss = build_forward(self.g, case, lines)
+            self.loss_op = _op_of(self.g, loss)
+            self.gb = self.g.backward_graph(self.g.forward_graph(loss))
+            self.grads = {name: lib.ggml_graph_get_grad(self.gb, t) for name, t in params.items()}
+            self.shapes = {name: int(np.prod(self.g.layout(t)[0])) for name, t in params.items()}
+            err = self.g.ffi.new("char[256]")
+            self.session = lib.gg_session_new(case.backend.encode(), case.threads, err, 256)
+            if self.session == self.g.ffi.NULL or not lib.gg_session_alloc(self.session, self.g.ctx):
+                raise MemoryError("could not allocate the case's graph for a second micro-batch's gradient")
+        except BaseException:
             self.free()
-            raise MemoryError("could not allocate the case's graph for a second micro-batch's gradient")
+            raise
 
     def gradients(self, values_of):
+        """The gradients at values_of(each leaf's values), once: the values are let go as they are
+        written (a big case's are megabytes, held while ggml-opt runs)."""
         g = self.g
-        for t, values in g.values:
+        while g.values:
+            t, values = g.values.pop(0)
             write_tensor(g, t, values_of(values))
+            del values
         g.lib.ggml_graph_reset(self.gb)
         status = g.lib.gg_session_compute(self.session, self.gb)
         if status != 0:
