@@ -60,9 +60,7 @@ def run(args):
     if args.limit is not None:
         mutants = mutants[:args.limit]
     if args.list:
-        text = {}
         for m in mutants:
-            text.setdefault(m.path, (Path(root) / m.path).read_bytes())
             print(f"{m.path}:{m.line} {m.function} ({', '.join(m.ops)}) {m.operator}: {m.description}")
         print(f"{len(mutants)} mutants", file=sys.stderr)
         return 0

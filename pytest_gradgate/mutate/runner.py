@@ -147,12 +147,17 @@ def run_gate(slot, selection_args, deadline, report):
 
 
 def build(slot, deadline):
-    """gradgate build of the slot's tree -> (True, "") or (False, the compiler's words)."""
+    """gradgate build of the slot's tree as it is now -> (the library's path, "") or (None, why:
+    the compiler's words, or the time limit)."""
     cmd = [sys.executable, "-m", "pytest_gradgate.cli", "build", "--ggml-src", str(slot.root)]
     code, out = _run(cmd, slot.run_dir, slot.env(), deadline)
     if code is None:
-        return False, "the build ran past the mutant's time limit"
-    return code == 0, "" if code == 0 else _tail(out, 20)
+        return None, "the build ran past the mutant's time limit"
+    if code != 0:
+        return None, _tail(out, 20)
+    # gradgate build prints the library's path on stdout, among stderr's progress lines here
+    library = next((line.strip() for line in reversed(out.splitlines()) if Path(line.strip()).is_file()), None)
+    return (library, "") if library else (None, f"gradgate build named no library:\n{_tail(out)}")
 
 
 class MutationRun:
@@ -174,8 +179,8 @@ class MutationRun:
         slot = Slot(self.workdir, 0, self.ggml_root)
         started = time.monotonic()
         deadline = started + 3600
-        ok, why = build(slot, deadline)
-        if not ok:
+        library, why = build(slot, deadline)
+        if library is None:
             raise GradgateError(f"the unmutated tree does not build:\n{why}")
         verdict, detail = run_gate(slot, self.selection.args(), deadline, slot.run_dir / "report.json")
         if verdict == KILLED:
@@ -196,8 +201,8 @@ class MutationRun:
             return {"verdict": "unreached", "detail": f"no selected case uses {', '.join(mutant.ops)}", "seconds": 0.0}
         try:
             path.write_bytes(mutant.apply(original))
-            ok, why = build(slot, deadline)
-            if not ok:
+            library, why = build(slot, deadline)
+            if library is None:
                 verdict, detail = (TIMEOUT, why) if "time limit" in why else (NOT_COMPILED, why)
             else:
                 verdict, detail = run_gate(slot, args, deadline, slot.run_dir / "report.json")
@@ -253,16 +258,6 @@ class MutationRun:
                 raise
 
 
-def library_of(slot, deadline):
-    """gradgate build of the slot's tree as it is now -> the library's path, or None."""
-    cmd = [sys.executable, "-m", "pytest_gradgate.cli", "build", "--ggml-src", str(slot.root)]
-    code, out = _run(cmd, slot.run_dir, slot.env(), deadline)
-    if code != 0:
-        return None
-    lines = [line for line in out.splitlines() if line.strip().endswith(".so")]
-    return lines[-1].strip() if lines else None
-
-
 def explore_survivors(run, budget_s):
     """For each survivor not searched yet: build the mutant and the unmutated tree, and let
     mutate/survivors.py search for a killing case; the result goes into the survivor's entry."""
@@ -274,7 +269,7 @@ def explore_survivors(run, budget_s):
         return
     run.progress(f"gradgate mutate: searching {len(todo)} survivor(s) with explore, {budget_s:g} s each")
     deadline = time.monotonic() + 3600
-    unmutated = library_of(slot, deadline)
+    unmutated, _ = build(slot, deadline)
     if unmutated is None:
         raise GradgateError("the unmutated tree does not build")
     keep = slot.cache / "unmutated"
@@ -286,7 +281,7 @@ def explore_survivors(run, budget_s):
         original = path.read_bytes()
         try:
             path.write_bytes(original[:r["start"]] + r["replacement"].encode() + original[r["end"]:])
-            library = library_of(slot, time.monotonic() + 3600)
+            library, _ = build(slot, time.monotonic() + 3600)
             result = (survivors.search(library, unmutated, r, budget_s) if library else
                       {"verdict": "not-explored", "detail": "the mutant did not build again"})
         finally:

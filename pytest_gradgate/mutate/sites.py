@@ -35,7 +35,7 @@ VEC_HELPER = re.compile(r"^ggml_vec_\w*backward\w*$|^ggml_\w*_backward_f(32|16)$
 KERNEL_OPS = {"repeat_back": "repeat", "silu_back": "silu", "rms_norm_back": "rms_norm", "out_prod": "mul_mat",
               "get_rows_back": "get_rows", "soft_max_ext_back": "soft_max", "rope_back": "rope_ext",
               "im2col_back": "im2col", "pool_2d_back": "pool_2d", "cross_entropy_loss_back": "cross_entropy_loss",
-              "flash_attn_back": "flash_attn_ext", "opt_step_adamw": None}
+              "flash_attn_back": "flash_attn_ext"}
 # ggml op label -> the gate's ops it stands for, where the names differ
 OP_LABELS = {"ROPE": ("rope_ext", "rope_multi"), "SOFT_MAX": ("soft_max", "soft_max_ext"), "PERMUTE": ("permute",),
              "CPY": ("cpy",), "GLU": ("swiglu", "reglu", "geglu_split", "swiglu_split")}
@@ -119,8 +119,7 @@ def _kernel_ops(name):
     stem = name[len("ggml_compute_forward_"):]
     for key in sorted(KERNEL_OPS, key=len, reverse=True):
         if stem.startswith(key):
-            op = KERNEL_OPS[key]
-            return (op,) if op else ()
+            return (KERNEL_OPS[key],)
     return (stem.split("_back")[0],)
 
 
@@ -178,6 +177,8 @@ def mutants(ggml_root, ops=None, lines=None):
         if lines is not None and rel not in lines:
             continue
         text = path.read_bytes()
+        # a mutant's id holds the file's content: a report's verdicts are for this text only
+        file_digest = hashlib.sha1(text).hexdigest()
         tree = _parser(path).parse(text)
         for name, fn in _functions(tree.root_node, wanted):
             fn_ops = _kernel_ops(name) if rel.endswith("ops.cpp") else None
@@ -198,7 +199,7 @@ def mutants(ggml_root, ops=None, lines=None):
                     if ops is not None and not set(site_ops) & set(ops):
                         continue
                     original = text[start:end].decode("utf-8", "replace")
-                    digest = hashlib.sha1(f"{rel}:{start}:{end}:{replacement}".encode() + text).hexdigest()[:12]
+                    digest = hashlib.sha1(f"{rel}:{start}:{end}:{replacement}:{file_digest}".encode()).hexdigest()[:12]
                     out.append(Mutant(digest, rel, line, name, tuple(site_ops), operator, description, start, end,
                                       original, replacement))
     # one mutant per (place, replacement): two rules may propose the same text

@@ -9,8 +9,6 @@ nothing a gradient shows (a rounding of a thread split, an f16 path no f32 case 
 search did not reach it; the report says how many cases of which ops were drawn, for how long.
 """
 
-from pytest_gradgate.declare.case import Case  # noqa: F401  (the cases explore yields are Cases)
-
 
 def search(library, unmutated_library, mutant, budget_s, seed=0):
     """-> {"verdict": "killed-by-explore" | "possibly-equivalent" | "not-explored", "detail",
